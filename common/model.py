@@ -1,0 +1,28 @@
+"""The model every step trains: torchvision's VisionTransformer, sized for 32x32 images."""
+from torch import nn
+from torchvision.models.vision_transformer import EncoderBlock, VisionTransformer
+
+# patch_size 4 turns a 32x32 image into 8x8 = 64 tokens (+1 class token).
+# tiny: an epoch of CIFAR-10 in minutes on a laptop CPU. small: the GPU default.
+# base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B parameters).
+PRESETS = {
+    "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256),
+    "small": dict(num_layers=8, num_heads=6, hidden_dim=384, mlp_dim=1536),
+    "base": dict(num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
+    "large": dict(num_layers=24, num_heads=16, hidden_dim=1024, mlp_dim=4096),
+    "huge": dict(num_layers=32, num_heads=16, hidden_dim=1280, mlp_dim=5120),
+    "giant": dict(num_layers=36, num_heads=16, hidden_dim=1536, mlp_dim=6144),
+}
+
+# The unit that FSDP shards and gathers one at a time (steps 03 and 04).
+TRANSFORMER_BLOCK = EncoderBlock
+
+
+def build_model(preset: str, num_classes: int = 10) -> VisionTransformer:
+    if preset not in PRESETS:
+        raise SystemExit(f"error: unknown --model {preset!r}; choose one of {', '.join(PRESETS)}")
+    return VisionTransformer(image_size=32, patch_size=4, num_classes=num_classes, **PRESETS[preset])
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

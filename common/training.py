@@ -1,0 +1,119 @@
+"""Everything the steps share that is not the distributed lesson: flags, the recipe, evaluation,
+meters and checkpoint files. Each step's training loop stays in its own script."""
+import argparse
+import math
+import os
+import resource
+from pathlib import Path
+
+import torch
+
+from .data import DEFAULT_DATA_DIR
+from .model import PRESETS
+
+
+def make_parser(description: str, step: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=512, help="global batch size, split evenly over processes")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
+    p.add_argument("--data", default="cifar10", choices=["cifar10", "synthetic"])
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
+    return p
+
+
+def per_rank_batch_size(global_batch_size: int, world_size: int, train_size: int) -> int:
+    if global_batch_size % world_size:
+        raise SystemExit(f"error: --batch-size {global_batch_size} does not split evenly over {world_size} "
+                         f"processes; use a multiple of {world_size}")
+    if global_batch_size > train_size:
+        raise SystemExit(f"error: --batch-size {global_batch_size} is larger than the {train_size} training "
+                         f"images; use at most {train_size}")
+    return global_batch_size // world_size
+
+
+def make_optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only (not biases, norms, embeddings)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        skip = p.ndim < 2 or name.endswith(("class_token", "pos_embedding"))
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def make_scheduler(optimizer, args, steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to --lr, then cosine decay to zero at the last step."""
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, round(args.warmup_epochs * steps_per_epoch))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@torch.no_grad()
+def evaluate(model, images, labels, device, rank=0, world_size=1, batch_size=500) -> torch.Tensor:
+    """Returns [correct, counted] over this rank's shard of the test set (images rank::world_size).
+
+    Every test image is counted exactly once across ranks, with no padded duplicates. Every rank
+    runs the same number of forward passes (a short shard repeats its last image without counting
+    it), because a sharded model (FSDP) needs all ranks in every forward.
+    """
+    from .data import normalize
+
+    model.eval()
+    shard = torch.arange(rank, len(labels), world_size)
+    per_rank = math.ceil(len(labels) / world_size)
+    counted = torch.arange(per_rank) < len(shard)
+    shard = torch.cat([shard, shard[-1:].expand(per_rank - len(shard))])
+    result = torch.zeros(2, dtype=torch.int64, device=device)
+    for start in range(0, per_rank, batch_size):
+        index, keep = shard[start:start + batch_size], counted[start:start + batch_size].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(normalize(images[index].to(device)))
+        hits = logits.argmax(1) == labels[index].to(device)
+        result += torch.stack([(hits & keep).sum(), keep.sum()])
+    model.train()
+    return result
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def epoch_line(epoch: int, epochs: int, train_loss: float, accuracy: float, seconds: float,
+               images_per_s: float, peak_mb: float) -> str:
+    return (f"epoch {epoch + 1}/{epochs} | train loss {train_loss:.4f} | test acc {accuracy:.2%} | "
+            f"{seconds:.1f} s | {images_per_s:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
+
+
+def load_checkpoint(path: Path, preset: str) -> dict:
+    if not path.exists():
+        raise SystemExit(f"error: --resume but no checkpoint at {path}; run without --resume to start fresh")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["model_preset"] != preset:
+        raise SystemExit(f"error: {path} holds a --model {state['model_preset']} checkpoint, not {preset}; "
+                         f"pass --model {state['model_preset']} or another --checkpoint-dir")
+    return state
