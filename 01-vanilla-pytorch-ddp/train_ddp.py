@@ -1,0 +1,137 @@
+"""Step 01b: the same training with hand-written DistributedDataParallel, launched by torchrun.
+
+    torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --model tiny --epochs 1
+
+One process per device (GPU, or a slice of the CPU): each holds a full copy of the model, trains
+on its own shard of every global batch, and all-reduces gradients in backward, so the result equals
+train_single_machine.py with the same --batch-size (tests/test_step01.py checks it).
+"""
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from tqdm import tqdm
+
+from common import (augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
+                    make_optimizer, make_parser, make_scheduler, peak_memory_mb, per_rank_batch_size,
+                    save_checkpoint)
+
+STEP = "ddp"
+LAUNCHED = time.time()
+
+
+def main():
+    parser = make_parser(__doc__, STEP)
+    parser.add_argument("--fail-at-epoch", type=int, help="crash after this epoch's checkpoint (practise --resume)")
+    args = parser.parse_args()
+    # torchrun starts one process per device and tells each who it is through the environment.
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank, world_size, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
+    master_process = rank == 0  # prints, checkpoints and reports for everyone
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    try:
+        train(args, rank, world_size, master_process, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(args, rank, world_size, master_process, device):
+
+    data = load_data(args.data, args.data_dir)
+    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    # Sample ids travel with each batch: augment_batch derives its randomness from them.
+    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
+                              pin_memory=device.type == "cuda")
+    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.model).to(device)
+    params = count_params(model)
+    # DDP broadcasts rank 0's weights, then all-reduces (averages) gradients during backward.
+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = make_optimizer(model, args, device)
+    scheduler = make_scheduler(optimizer, args, steps_per_epoch)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    if master_process:
+        print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
+              f"{world_size} x {device.type}, {batch_size} images per step each")
+
+    checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
+    start_epoch, history = 0, []
+    if args.resume:
+        state = load_checkpoint(checkpoint_path, args.model)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch, history = state["epoch"] + 1, state["history"]
+        if master_process:
+            print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
+
+    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    for epoch in range(start_epoch, args.epochs):
+        # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
+        sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        batches = itertools.islice(train_loader, steps_per_epoch)
+        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
+                                        leave=False, disable=not master_process):
+            images = augment_batch(images.to(device, non_blocking=True), ids.to(device), epoch, args.seed)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach()
+            time_to_first_step = time_to_first_step or time.time() - LAUNCHED
+        dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # .item() waits for the GPU: time is honest
+        epoch_seconds = time.perf_counter() - epoch_start
+        train_seconds += epoch_seconds
+        images_trained += steps_per_epoch * args.batch_size
+
+        result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
+        correct, counted = result.tolist()
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
+                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+        if master_process:
+            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
+                             history[-1]["images_per_s"], peak_memory_mb(device)))
+            save_checkpoint(checkpoint_path, dict(model=model.module.state_dict(), optimizer=optimizer.state_dict(),
+                                                  scheduler=scheduler.state_dict(), epoch=epoch,
+                                                  history=history, model_preset=args.model))
+        if epoch + 1 == args.fail_at_epoch:
+            dist.barrier()  # let rank 0 finish writing the checkpoint
+            if rank == world_size - 1:
+                sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch); "
+                         f"rerun with --resume to continue from {checkpoint_path}")
+
+    peak_memory = [None] * world_size
+    dist.all_gather_object(peak_memory, peak_memory_mb(device))
+    if master_process:
+        print(json.dumps(dict(
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
+            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            test_accuracy=history[-1]["test_accuracy"], wall_time_s=time.time() - LAUNCHED,
+            images_per_s=images_trained / train_seconds if train_seconds else None,
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=peak_memory, history=history)))
+
+
+if __name__ == "__main__":
+    main()

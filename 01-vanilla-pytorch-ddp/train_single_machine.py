@@ -1,0 +1,115 @@
+"""Step 01a: the baseline. A Vision Transformer learns CIFAR-10 on one device (a GPU if there is one).
+
+    python 01-vanilla-pytorch-ddp/train_single_machine.py --model tiny --epochs 1
+
+Every later step trains the same model with the same recipe; `diff -u` this file against
+train_ddp.py to see everything plain DDP makes you write by hand.
+"""
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from tqdm import tqdm
+
+from common import (augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
+                    make_optimizer, make_parser, make_scheduler, peak_memory_mb, per_rank_batch_size,
+                    save_checkpoint)
+
+STEP = "single_machine"
+LAUNCHED = time.time()
+
+
+def main():
+    parser = make_parser(__doc__, STEP)
+    parser.add_argument("--fail-at-epoch", type=int, help="crash after this epoch's checkpoint (practise --resume)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    train(args, rank=0, world_size=1, master_process=True, device=device)
+
+
+def train(args, rank, world_size, master_process, device):
+
+    data = load_data(args.data, args.data_dir)
+    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    # Sample ids travel with each batch: augment_batch derives its randomness from them.
+    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    shuffle = torch.Generator()
+    sampler = RandomSampler(train_set, generator=shuffle)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
+                              pin_memory=device.type == "cuda")
+    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.model).to(device)
+    params = count_params(model)
+    optimizer = make_optimizer(model, args, device)
+    scheduler = make_scheduler(optimizer, args, steps_per_epoch)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    if master_process:
+        print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
+              f"{world_size} x {device.type}, {batch_size} images per step each")
+
+    checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
+    start_epoch, history = 0, []
+    if args.resume:
+        state = load_checkpoint(checkpoint_path, args.model)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch, history = state["epoch"] + 1, state["history"]
+        if master_process:
+            print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
+
+    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    for epoch in range(start_epoch, args.epochs):
+        # Reseeded every epoch: a new order each epoch, the same order when resumed.
+        shuffle.manual_seed(args.seed + epoch)
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        batches = itertools.islice(train_loader, steps_per_epoch)
+        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
+                                        leave=False, disable=not master_process):
+            images = augment_batch(images.to(device, non_blocking=True), ids.to(device), epoch, args.seed)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach()
+            time_to_first_step = time_to_first_step or time.time() - LAUNCHED
+        train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: time is honest
+        epoch_seconds = time.perf_counter() - epoch_start
+        train_seconds += epoch_seconds
+        images_trained += steps_per_epoch * args.batch_size
+
+        correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
+                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+        if master_process:
+            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
+                             history[-1]["images_per_s"], peak_memory_mb(device)))
+            save_checkpoint(checkpoint_path, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                                                  scheduler=scheduler.state_dict(), epoch=epoch,
+                                                  history=history, model_preset=args.model))
+        if epoch + 1 == args.fail_at_epoch:
+            sys.exit(f"simulated crash after epoch {epoch + 1} (--fail-at-epoch); "
+                     f"rerun with --resume to continue from {checkpoint_path}")
+
+    peak_memory = [peak_memory_mb(device)]
+    if master_process:
+        print(json.dumps(dict(
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
+            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            test_accuracy=history[-1]["test_accuracy"], wall_time_s=time.time() - LAUNCHED,
+            images_per_s=images_trained / train_seconds if train_seconds else None,
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=peak_memory, history=history)))
+
+
+if __name__ == "__main__":
+    main()
