@@ -1,0 +1,74 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
+SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32"]
+
+
+def run(cmd, timeout=180, **kwargs):
+    """Run a command from the repository root; return the CompletedProcess (text)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def python(script, *args, **kwargs):
+    return run([sys.executable, str(ROOT / script), *args], **kwargs)
+
+
+def torchrun(script, nproc, *args, **kwargs):
+    return run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                "--master-port", str(free_port()), str(ROOT / script), *args], **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def final_json(result) -> dict:
+    """The last stdout line of a step script: its JSON summary."""
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def load_weights(checkpoint_dir) -> dict:
+    return torch.load(Path(checkpoint_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def assert_same_weights(a: dict, b: dict, atol=0.0):
+    """Bitwise equal by default. With atol (runs that sum gradients in another order), equal up to float
+    rounding, except the attention key biases: their true gradient is exactly zero (a bias added to every
+    key shifts all attention logits of a query equally, and softmax ignores that), so what they receive
+    is rounding noise, which Adam's normalisation turns into full-size steps of any sign."""
+    assert a.keys() == b.keys()
+    for name in a:
+        x, y = a[name], b[name]
+        if atol and name.endswith("in_proj_bias"):
+            x, y = drop_key_slice(x), drop_key_slice(y)
+        torch.testing.assert_close(x, y, atol=atol, rtol=0 if atol == 0 else 1e-4, msg=name)
+
+
+def drop_key_slice(in_proj_bias: torch.Tensor) -> torch.Tensor:
+    query, _, value = in_proj_bias.chunk(3)
+    return torch.cat([query, value])
+
+
+def assert_sane_summary(summary: dict, step: str, world_size: int):
+    assert summary["step"] == step and summary["world_size"] == world_size
+    assert summary["model"] == "tiny" and summary["data"] == "synthetic" and summary["epochs"] == 2
+    assert summary["params"] > 100_000
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
+    # The synthetic classes are easy: 6 steps of training must beat chance (10%) clearly.
+    assert summary["test_accuracy"] > 0.2
+    assert len(summary["history"]) == 2 and summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
+    assert summary["images_per_s"] > 0 and 0 < summary["time_to_first_step_s"] < summary["wall_time_s"]
+    assert len(summary["peak_memory_mb"]) == world_size and all(m > 0 for m in summary["peak_memory_mb"])

@@ -1,0 +1,164 @@
+"""The data path: cache format, first download under concurrency, clear errors, sharding, augmentation."""
+import multiprocessing
+import time
+import urllib.error
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
+
+from common import augment_batch, build_model, evaluate, load_data, normalize
+from common import data as data_module
+
+
+class FakeCIFAR10:
+    """Stands in for torchvision.datasets.CIFAR10: no network, counts downloads in a file."""
+    sizes = {True: 60, False: 20}
+
+    def __init__(self, root, train, download):
+        with open(f"{root}/downloads.log", "a") as log:
+            log.write(f"{'train' if train else 'test'}\n")
+        time.sleep(0.5)  # long enough for the other processes to pile up on the lock
+        rng = np.random.default_rng(int(train))
+        self.data = rng.integers(0, 256, size=(self.sizes[train], 32, 32, 3), dtype=np.uint8)
+        self.targets = list(rng.integers(0, 10, size=self.sizes[train]))
+
+
+@pytest.fixture
+def fake_torchvision(monkeypatch):
+    monkeypatch.setattr("torchvision.datasets.CIFAR10", FakeCIFAR10)
+
+
+def test_first_load_downloads_then_reads_the_cache(tmp_path, fake_torchvision):
+    first = load_data("cifar10", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.npz")) == ["cifar10_test.npz", "cifar10_train.npz"]
+    second = load_data("cifar10", tmp_path)  # from the cache: no second download
+    assert (tmp_path / "downloads.log").read_text().split() == ["train", "test"]
+    assert torch.equal(first.train_images, second.train_images) and torch.equal(first.test_labels, second.test_labels)
+    assert first.train_images.shape == (60, 3, 32, 32) and first.train_images.dtype == torch.uint8
+    assert first.train_labels.dtype == torch.int64
+    # NCHW tensor holds exactly the NHWC arrays of the cache.
+    with np.load(tmp_path / "cifar10_train.npz") as cache:
+        assert np.array_equal(first.train_images.permute(0, 2, 3, 1).numpy(), cache["images"])
+
+
+def load_in_child(directory, queue):
+    # numpy only: torch's thread pools do not survive fork()
+    (train_images, _), _ = data_module.load_cifar10_cache(directory)
+    queue.put(int(train_images.sum()))
+
+
+def test_concurrent_first_loads_download_once(tmp_path, fake_torchvision):
+    ctx = multiprocessing.get_context("fork")  # children inherit the fake torchvision
+    queue = ctx.Queue()
+    children = [ctx.Process(target=load_in_child, args=(tmp_path, queue)) for _ in range(3)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert (tmp_path / "downloads.log").read_text().split() == ["train", "test"]
+    assert len({queue.get() for _ in children}) == 1  # everyone read the same data
+
+
+def test_offline_without_cache_gives_a_clear_error(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr("torchvision.datasets.CIFAR10", offline)
+    with pytest.raises(SystemExit, match=r"could not download CIFAR-10 .*offline\? .*--data-dir.*--data synthetic"):
+        load_data("cifar10", tmp_path)
+
+
+def test_corrupt_cache_gives_a_clear_error(tmp_path):
+    data_module.write_cache(tmp_path / "cifar10_train.npz", np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4))
+    (tmp_path / "cifar10_test.npz").write_bytes(b"not a zip file")
+    with pytest.raises(SystemExit, match=r"cifar10_test.npz is corrupt .*delete it"):
+        load_data("cifar10", tmp_path)
+
+
+def test_cache_of_the_wrong_shape_gives_a_clear_error(tmp_path):
+    for split in ("train", "test"):
+        data_module.write_cache(tmp_path / f"cifar10_{split}.npz", np.zeros((4, 28, 28), np.uint8), np.zeros(4))
+    with pytest.raises(SystemExit, match=r"expected \(N, 32, 32, 3\) uint8"):
+        load_data("cifar10", tmp_path)
+
+
+def test_synthetic_data_is_deterministic_and_balanced():
+    a, b = load_data("synthetic", "unused"), load_data("synthetic", "unused")
+    assert torch.equal(a.train_images, b.train_images) and torch.equal(a.test_labels, b.test_labels)
+    assert a.train_images.shape[1:] == (3, 32, 32) and a.train_images.dtype == torch.uint8
+    assert torch.bincount(a.train_labels, minlength=10).min() > len(a.train_labels) / 20
+    assert not torch.equal(a.train_images[: len(a.test_images)], a.test_images)  # test is not a copy of train
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_are_disjoint_cover_the_set_and_reshuffle(world_size):
+    dataset = TensorDataset(torch.arange(100))
+    samplers = [DistributedSampler(dataset, world_size, rank, shuffle=True, seed=0, drop_last=True)
+                for rank in range(world_size)]
+    orders = {}
+    for epoch in (0, 1):
+        shards = []
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+            shards.append(list(sampler))
+        flat = [i for shard in shards for i in shard]
+        assert len(flat) == len(set(flat)) == 100 // world_size * world_size  # disjoint, nothing padded
+        orders[epoch] = shards
+    assert orders[0] != orders[1]  # set_epoch reshuffles
+
+
+def test_ddp_global_batches_hold_the_single_machine_batches():
+    """Rank r's k-th batch, over all ranks, is exactly the single-machine k-th batch (same seed+epoch)."""
+    dataset, epoch, world_size, per_rank = TensorDataset(torch.arange(100)), 3, 2, 8
+    shuffle = torch.Generator()
+    shuffle.manual_seed(0 + epoch)
+    single = list(RandomSampler(dataset, generator=shuffle))
+    shards = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=0, drop_last=True)
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    for k in range(len(shards[0]) // per_rank):
+        global_batch = {i for shard in shards for i in shard[k * per_rank:(k + 1) * per_rank]}
+        assert global_batch == set(single[k * per_rank * world_size:(k + 1) * per_rank * world_size])
+
+
+def test_augmentation_is_keyed_on_sample_epoch_and_seed():
+    images = load_data("synthetic", "unused").train_images[:64]
+    ids = torch.arange(64)
+    out = augment_batch(images, ids, epoch=0, seed=0)
+    assert out.shape == (64, 3, 32, 32) and out.dtype == torch.float32
+    # Splitting a batch across ranks changes nothing: the randomness belongs to the sample.
+    halves = torch.cat([augment_batch(images[:32], ids[:32], 0, 0), augment_batch(images[32:], ids[32:], 0, 0)])
+    assert torch.equal(out, halves)
+    assert torch.equal(out, augment_batch(images, ids, 0, 0))
+    assert not torch.equal(out, augment_batch(images, ids, 1, 0))
+    assert not torch.equal(out, augment_batch(images, ids, 0, 1))
+    # Most images really are cropped or flipped (1 in 162 is left as it was).
+    unchanged = (out == normalize(images)).flatten(1).all(1)
+    assert unchanged.sum() < 5
+
+
+def test_augmentation_is_a_crop_and_a_flip():
+    image = torch.arange(3 * 32 * 32, dtype=torch.int64).reshape(1, 3, 32, 32).remainder(256).to(torch.uint8)
+    reference = torch.nn.functional.pad(normalize(image), (4, 4, 4, 4), mode="reflect")
+    for sample_id in range(20):
+        out = augment_batch(image, torch.tensor([sample_id]), 0, 0)[0]
+        windows = [reference[0, :, y:y + 32, x:x + 32] for y in range(9) for x in range(9)]
+        assert any(torch.equal(out, w) or torch.equal(out, w.flip(2)) for w in windows)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_evaluation_counts_every_test_image_exactly_once(world_size):
+    data = load_data("synthetic", "unused")
+    images, labels = data.test_images[:101], data.test_labels[:101]  # 101: no world size divides it
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    device = torch.device("cpu")
+    single = evaluate(model, images, labels, device, batch_size=50)
+    total = sum(evaluate(model, images, labels, device, rank, world_size, batch_size=16)
+                for rank in range(world_size))
+    assert total.tolist() == single.tolist() and total[1] == 101

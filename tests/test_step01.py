@@ -1,0 +1,121 @@
+"""Step 01: the single-machine baseline and hand-written DDP under torchrun (gloo, CPU)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import build_model
+from conftest import (ROOT, SMOKE, assert_same_weights, assert_sane_summary, final_json, free_port, load_weights,
+                      python, torchrun)
+
+SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
+DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """One uninterrupted single-machine run that several tests compare against."""
+    checkpoint_dir = tmp_path_factory.mktemp("single")
+    result = python(SINGLE, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
+    return final_json(result), checkpoint_dir, result
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    checkpoint_dir = tmp_path_factory.mktemp("ddp")
+    result = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
+    return final_json(result), checkpoint_dir, result
+
+
+def test_single_machine_trains_and_reports(single_run):
+    summary, checkpoint_dir, result = single_run
+    assert_sane_summary(summary, "single_machine", world_size=1)
+    assert "model tiny: 811,146 parameters | data: synthetic" in result.stdout
+    assert sum(line.startswith("epoch ") for line in result.stdout.splitlines()) == 2
+    model = build_model("tiny")
+    model.load_state_dict(load_weights(checkpoint_dir))  # the checkpoint loads into a plain model
+    assert summary["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_ddp_trains_and_reports_once(ddp_run):
+    summary, _, result = ddp_run
+    assert_sane_summary(summary, "ddp", world_size=2)
+    # Rank 0 alone prints: one header, one line per epoch, one JSON line.
+    assert result.stdout.count("parameters | data:") == 1
+    assert sum(line.startswith("epoch ") for line in result.stdout.splitlines()) == 2
+    assert sum(line.startswith("{") for line in result.stdout.splitlines()) == 1
+
+
+def test_ddp_equals_single_machine_with_the_same_global_batch(single_run, ddp_run):
+    """The workshop's 'mathematically equivalent' claim: 2 processes x 16 images == 1 process x 32."""
+    assert_same_weights(load_weights(single_run[1]), load_weights(ddp_run[1]), atol=1e-5)
+    single, ddp = single_run[0]["history"], ddp_run[0]["history"]
+    assert [h["test_accuracy"] for h in single] == [h["test_accuracy"] for h in ddp]
+    np.testing.assert_allclose([h["train_loss"] for h in single], [h["train_loss"] for h in ddp], rtol=1e-5)
+
+
+def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
+    crashed = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--fail-at-epoch", "1")
+    assert crashed.returncode != 0 and "simulated crash after epoch 1" in crashed.stderr
+    resumed = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    assert "resumed from" in resumed.stdout and "after epoch 1" in resumed.stdout
+    summary = final_json(resumed)
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert_same_weights(load_weights(single_run[1]), load_weights(tmp_path))
+
+
+def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp_path):
+    crashed = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(tmp_path), "--fail-at-epoch", "1", timeout=120)
+    assert crashed.returncode != 0 and "simulated crash of rank 1 after epoch 1" in crashed.stderr
+    resumed = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
+    assert_same_weights(load_weights(ddp_run[1]), load_weights(tmp_path))
+
+
+def test_multinode_launcher_joins_two_nodes(tmp_path):
+    """Two 'nodes' on localhost, one process each, rendezvous through node 0's endpoint."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    launch = [str(ROOT / "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"), "--nnodes", "2", "--endpoint", endpoint,
+              "--nproc-per-node", "1"]
+    train_flags = ["--", *SMOKE, "--checkpoint-dir", str(tmp_path)]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # this venv's torchrun
+    nodes = [subprocess.Popen(["bash", *launch, "--node-rank", str(rank), *train_flags], cwd=ROOT, env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    summary = final_json(subprocess.CompletedProcess([], 0, outputs[0][0], outputs[0][1]))
+    assert summary["world_size"] == 2
+    assert outputs[1][0].strip() == ""  # node 1 holds rank 1 only: it prints nothing
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_batch_that_does_not_split_over_ranks_is_a_one_line_error():
+    result = torchrun(DDP, 2, *SMOKE, "--batch-size", "33", timeout=120)
+    assert result.returncode != 0
+    assert "error: --batch-size 33 does not split evenly over 2 processes; use a multiple of 2" in result.stderr
+    assert 'train_ddp.py", line' not in result.stderr  # no traceback from the script (torchrun adds its own)
+
+
+def test_resume_from_another_preset_is_a_one_line_error(single_run):
+    result = python(SINGLE, *SMOKE, "--model", "small", "--checkpoint-dir", str(single_run[1]), "--resume")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "holds a --model tiny checkpoint, not small; pass --model tiny or another --checkpoint-dir" in result.stderr
+
+
+def test_unknown_preset_and_missing_checkpoint_are_one_line_errors(tmp_path):
+    unknown = python(SINGLE, "--model", "enormous")
+    assert unknown.returncode == 2 and "invalid choice: 'enormous'" in unknown.stderr
+    missing = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    assert missing.returncode != 0 and "--resume but no checkpoint at" in missing.stderr
+
+
+def test_corrupt_data_is_a_one_line_error(tmp_path):
+    for name in ("cifar10_train.npz", "cifar10_test.npz"):
+        (tmp_path / name).write_bytes(b"garbage")
+    result = python(SINGLE, "--data-dir", str(tmp_path), "--epochs", "1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "cifar10_train.npz is corrupt" in result.stderr and "delete it" in result.stderr
