@@ -28,6 +28,27 @@ def torchrun(script, nproc, *args, **kwargs):
                 "--master-port", str(free_port()), str(ROOT / script), *args], **kwargs)
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One Ray cluster for every Ray test (starting Ray costs tens of seconds on 2 cores): two nodes of
+    one CPU each, so every 2-worker run really spans two nodes. Yields the address scripts attach to."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster.address
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory):
+    """One torchrun DDP run (2 processes) that steps 01 and 02 compare against."""
+    checkpoint_dir = tmp_path_factory.mktemp("ddp")
+    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
+    return final_json(result), checkpoint_dir, result
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,7 +61,14 @@ def final_json(result) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def latest_ray_checkpoint(storage) -> Path:
+    """The newest checkpoint folder of the newest Ray run under --checkpoint-dir."""
+    run = sorted(p for p in Path(storage).iterdir() if p.is_dir())[-1]
+    return sorted(p for p in run.glob("checkpoint_*") if p.is_dir())[-1]
+
+
 def load_weights(checkpoint_dir) -> dict:
+    """Model weights from a step's checkpoint folder (step 01's --checkpoint-dir or a Ray checkpoint)."""
     return torch.load(Path(checkpoint_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
 
 

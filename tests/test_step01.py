@@ -24,13 +24,6 @@ def single_run(tmp_path_factory):
     return final_json(result), checkpoint_dir, result
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    checkpoint_dir = tmp_path_factory.mktemp("ddp")
-    result = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
-    return final_json(result), checkpoint_dir, result
-
-
 def test_single_machine_trains_and_reports(single_run):
     summary, checkpoint_dir, result = single_run
     assert_sane_summary(summary, "single_machine", world_size=1)

@@ -1,0 +1,80 @@
+"""Step 02: Ray Train DDP on a real two-node Ray cluster (on this machine), fault tolerance and resume."""
+import json
+
+import pytest
+import ray.train
+
+from common import build_model
+from conftest import SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_weights, python
+
+RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
+
+
+def ray_ddp(address, storage, *args, **kwargs):
+    return python(RAY_DDP, *SMOKE, "--num-workers", "2", "--address", address, "--checkpoint-dir", str(storage),
+                  *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def ray_run(ray_cluster, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("ray_ddp")
+    result = ray_ddp(ray_cluster, storage)
+    return final_json(result), storage, result
+
+
+def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
+    summary, storage, result = ray_run
+    assert_sane_summary(summary, "ray_ddp", world_size=2)
+    assert summary["nodes"] == 2  # one worker on each node of the cluster
+    assert result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
+    assert "best checkpoint" in result.stdout
+    checkpoint = latest_ray_checkpoint(storage)
+    assert ray.train.Checkpoint(str(checkpoint)).get_metadata() == {"model_preset": "tiny", "epoch": 2}
+    build_model("tiny").load_state_dict(load_weights(checkpoint))
+
+
+def test_ray_ddp_equals_torchrun_ddp(ray_run, ddp_run):
+    assert_same_weights(load_weights(ddp_run[1]), load_weights(latest_ray_checkpoint(ray_run[1])), atol=1e-5)
+    assert [h["test_accuracy"] for h in ray_run[0]["history"]] == [h["test_accuracy"] for h in ddp_run[0]["history"]]
+
+
+def test_crashed_worker_is_restarted_from_the_last_checkpoint(ray_cluster, ray_run, tmp_path):
+    """Fails if FailureConfig(max_failures) is taken out: the crash would end the run."""
+    result = ray_ddp(ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
+    summary = final_json(result)
+    assert "resumed from" in result.stdout and "after epoch 1" in result.stdout  # not from scratch
+    assert result.stdout.count("epoch 1/2 |") == 1 and result.stdout.count("epoch 2/2 |") == 1
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])), load_weights(latest_ray_checkpoint(tmp_path)))
+
+
+def test_stopped_run_resumes_with_the_same_name_and_storage(ray_cluster, ray_run, tmp_path):
+    crashed = ray_ddp(ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
+    assert crashed.returncode != 0
+    resumed = ray_ddp(ray_cluster, tmp_path, "--resume")
+    assert "after epoch 1" in resumed.stdout
+    assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
+    assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])), load_weights(latest_ray_checkpoint(tmp_path)))
+
+
+def test_resume_with_another_preset_is_refused_before_training(ray_cluster, ray_run):
+    result = ray_ddp(ray_cluster, ray_run[1], "--resume", "--model", "small")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "holds a --model tiny checkpoint, not small; pass --model tiny" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-workers", "3"], "--num-workers 3 needs 3 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
+    (["--use-gpu"], "--use-gpu but this Ray cluster has no GPUs; drop --use-gpu"),
+    (["--batch-size", "33"], "--batch-size 33 does not split evenly over 2 processes"),
+])
+def test_impossible_requests_fail_at_once_with_one_line(ray_cluster, tmp_path, flags, message):
+    result = ray_ddp(ray_cluster, tmp_path, *flags, timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+
+
+def test_unreachable_address_is_a_one_line_error(tmp_path):
+    result = python(RAY_DDP, *SMOKE, "--address", "127.0.0.1:9", "--checkpoint-dir", str(tmp_path), timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "no Ray cluster answers at --address 127.0.0.1:9" in result.stderr
