@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
 from common import (augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
-                    make_optimizer, make_parser, make_scheduler, peak_memory_mb, per_rank_batch_size,
-                    save_checkpoint)
+                    make_optimizer, make_parser, make_scheduler, memory_table, peak_memory_mb, per_rank_batch_size,
+                    save_checkpoint, state_memory_mb)
 from common.ray_setup import add_ray_flags, check_cluster_can_run, check_resumable, run_name, start_ray
 
 STEP = "ray_ddp"
@@ -58,6 +58,7 @@ def main():
     best_checkpoint, best_metrics = result.best_checkpoints[-1]
     print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
           f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+    print(memory_table(result.metrics["summary"]["memory_per_rank"]))
     print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - LAUNCHED)))
 
 
@@ -137,6 +138,7 @@ def train(args, rank, world_size, master_process, device):
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
 
         result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
@@ -146,16 +148,16 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
-        peak_memory = [None] * world_size
-        dist.all_gather_object(peak_memory, peak_memory_mb(device))
+        memory = [None] * world_size
+        dist.all_gather_object(memory, dict(state_memory, peak_mb=peak_memory_mb(device)))
         # Ray keeps rank 0's metrics only: everything in them was reduced over ranks above.
         summary = dict(
             step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
             epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
-            time_to_first_step_s=time_to_first_step, peak_memory_mb=peak_memory, nodes=len(set(nodes)),
-            history=history)
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
+            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if master_process:

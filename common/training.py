@@ -7,6 +7,7 @@ import resource
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from .data import DEFAULT_DATA_DIR
 from .model import PRESETS
@@ -44,7 +45,8 @@ def make_optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.
     """AdamW with weight decay on weight matrices only (not biases, norms, embeddings)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        skip = p.ndim < 2 or name.endswith(("class_token", "pos_embedding"))
+        # By name, not by shape: FSDP1 shows each rank a flat 1-D slice of every parameter.
+        skip = name.endswith(("bias", "class_token", "pos_embedding")) or ".ln" in name  # ln_1, ln_2, ln
         (no_decay if skip else decay).append(p)
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
@@ -94,6 +96,28 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def state_memory_mb(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Exact MB this rank holds for parameters, gradients and optimizer state, from the tensors it
+    owns: the full model under DDP, only its shard under FSDP2 (a DTensor's local part)."""
+    def mb(tensors):
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+    params = list(model.parameters())
+    return dict(params_mb=mb(params), grads_mb=mb(p.grad for p in params if p.grad is not None),
+                optimizer_mb=mb(v for state in optimizer.state.values() for v in state.values()
+                                if isinstance(v, torch.Tensor)))
+
+
+def memory_table(memory_per_rank: list) -> str:
+    """The per-rank memory report the Ray steps print at the end of a run."""
+    lines = ["memory per rank (MB) | parameters | gradients | optimizer state | peak"]
+    for rank, m in enumerate(memory_per_rank):
+        lines.append(f"rank {rank:<15} | {m['params_mb']:>10,.1f} | {m['grads_mb']:>9,.1f} | "
+                     f"{m['optimizer_mb']:>15,.1f} | {m['peak_mb']:,.0f}")
+    return "\n".join(lines)
 
 
 def epoch_line(epoch: int, epochs: int, train_loss: float, accuracy: float, seconds: float,

@@ -10,6 +10,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
+RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32"]
 
 
@@ -47,6 +48,20 @@ def ddp_run(tmp_path_factory):
     checkpoint_dir = tmp_path_factory.mktemp("ddp")
     result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
     return final_json(result), checkpoint_dir, result
+
+
+@pytest.fixture(scope="session")
+def ray_run(ray_cluster, tmp_path_factory):
+    """One step-02 run (2 Ray workers on 2 nodes) that steps 02 and 04 compare against."""
+    storage = tmp_path_factory.mktemp("ray_ddp")
+    result = ray_script(RAY_DDP, ray_cluster, storage)
+    return final_json(result), storage, result
+
+
+def ray_script(script, address, storage, *args, **kwargs):
+    """A Ray step on the shared test cluster, 2 workers, smoke settings."""
+    return python(script, *SMOKE, "--num-workers", "2", "--address", address, "--checkpoint-dir", str(storage),
+                  *args, **kwargs)
 
 
 def free_port() -> int:

@@ -5,27 +5,20 @@ import pytest
 import ray.train
 
 from common import build_model
-from conftest import SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_weights, python
-
-RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
-
-
-def ray_ddp(address, storage, *args, **kwargs):
-    return python(RAY_DDP, *SMOKE, "--num-workers", "2", "--address", address, "--checkpoint-dir", str(storage),
-                  *args, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def ray_run(ray_cluster, tmp_path_factory):
-    storage = tmp_path_factory.mktemp("ray_ddp")
-    result = ray_ddp(ray_cluster, storage)
-    return final_json(result), storage, result
+from conftest import (RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+                      load_weights, python, ray_script)
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
     summary, storage, result = ray_run
     assert_sane_summary(summary, "ray_ddp", world_size=2)
     assert summary["nodes"] == 2  # one worker on each node of the cluster
+    # DDP: every rank holds the whole model, its gradients and AdamW's two moments.
+    full_mb = summary["params"] * 4 / 2**20
+    for memory in summary["memory_per_rank"]:
+        assert memory["params_mb"] == memory["grads_mb"] == pytest.approx(full_mb)
+        assert memory["optimizer_mb"] == pytest.approx(2 * full_mb, rel=1e-3)  # + one step counter per tensor
+    assert "memory per rank (MB)" in result.stdout
     assert result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
     assert "best checkpoint" in result.stdout
     checkpoint = latest_ray_checkpoint(storage)
@@ -40,7 +33,7 @@ def test_ray_ddp_equals_torchrun_ddp(ray_run, ddp_run):
 
 def test_crashed_worker_is_restarted_from_the_last_checkpoint(ray_cluster, ray_run, tmp_path):
     """Fails if FailureConfig(max_failures) is taken out: the crash would end the run."""
-    result = ray_ddp(ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
+    result = ray_script(RAY_DDP, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
     summary = final_json(result)
     assert "resumed from" in result.stdout and "after epoch 1" in result.stdout  # not from scratch
     assert result.stdout.count("epoch 1/2 |") == 1 and result.stdout.count("epoch 2/2 |") == 1
@@ -48,17 +41,8 @@ def test_crashed_worker_is_restarted_from_the_last_checkpoint(ray_cluster, ray_r
     assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])), load_weights(latest_ray_checkpoint(tmp_path)))
 
 
-def test_stopped_run_resumes_with_the_same_name_and_storage(ray_cluster, ray_run, tmp_path):
-    crashed = ray_ddp(ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
-    assert crashed.returncode != 0
-    resumed = ray_ddp(ray_cluster, tmp_path, "--resume")
-    assert "after epoch 1" in resumed.stdout
-    assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
-    assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])), load_weights(latest_ray_checkpoint(tmp_path)))
-
-
 def test_resume_with_another_preset_is_refused_before_training(ray_cluster, ray_run):
-    result = ray_ddp(ray_cluster, ray_run[1], "--resume", "--model", "small")
+    result = ray_script(RAY_DDP, ray_cluster, ray_run[1], "--resume", "--model", "small")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "holds a --model tiny checkpoint, not small; pass --model tiny" in result.stderr
 
@@ -69,7 +53,7 @@ def test_resume_with_another_preset_is_refused_before_training(ray_cluster, ray_
     (["--batch-size", "33"], "--batch-size 33 does not split evenly over 2 processes"),
 ])
 def test_impossible_requests_fail_at_once_with_one_line(ray_cluster, tmp_path, flags, message):
-    result = ray_ddp(ray_cluster, tmp_path, *flags, timeout=60)
+    result = ray_script(RAY_DDP, ray_cluster, tmp_path, *flags, timeout=60)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert message in result.stderr
 

@@ -1,0 +1,128 @@
+"""Step 04: FSDP2 on CPU with gloo: equivalence with DDP, mixed precision, CPU offload, sharded
+checkpoints that resume at another worker count, and the full-model export."""
+import argparse
+import importlib.util
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from common import build_model, evaluate, load_data, make_optimizer, normalize
+from conftest import (ROOT, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+                      load_weights, ray_script)
+
+FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+
+
+def exported_model(storage) -> torch.nn.Module:
+    model = build_model("tiny")
+    model.load_state_dict(torch.load(latest_ray_checkpoint(storage) / "model.pt", weights_only=True))
+    return model
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(ray_cluster, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("fsdp2")
+    result = ray_script(FSDP2, ray_cluster, storage)
+    return final_json(result), storage, result
+
+
+def test_fsdp2_trains_and_holds_half_the_state_per_rank(fsdp2_run):
+    summary, storage, result = fsdp2_run
+    assert_sane_summary(summary, "ray_fsdp2", world_size=2)
+    full_mb = summary["params"] * 4 / 2**20
+    memory = summary["memory_per_rank"]
+    # Exact shard sizes: the two ranks' slices add up to the whole model, and neither holds much more than half.
+    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
+        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3)
+        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb
+    assert "memory per rank (MB)" in result.stdout
+    checkpoint = latest_ray_checkpoint(storage)
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "model.pt"} <= {p.name for p in checkpoint.iterdir()}
+
+
+def test_fsdp2_equals_ddp_with_the_same_seed_and_global_batch(fsdp2_run, ray_run):
+    ddp_weights = load_weights(latest_ray_checkpoint(ray_run[1]))
+    assert_same_weights(ddp_weights, exported_model(fsdp2_run[1]).state_dict(), atol=1e-5)
+
+
+def test_exported_model_reproduces_the_sharded_models_accuracy_on_one_device(fsdp2_run):
+    data = load_data("synthetic", "")
+    correct, counted = evaluate(exported_model(fsdp2_run[1]), data.test_images, data.test_labels,
+                                torch.device("cpu")).tolist()
+    assert correct / counted == fsdp2_run[0]["test_accuracy"]
+
+
+def test_sharded_checkpoint_resumes_on_another_number_of_workers(ray_cluster, fsdp2_run, tmp_path):
+    crashed = ray_script(FSDP2, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
+    assert crashed.returncode != 0
+    resumed = ray_script(FSDP2, ray_cluster, tmp_path, "--resume", "--num-workers", "1")
+    summary = final_json(resumed)
+    assert summary["world_size"] == 1 and "after epoch 1" in resumed.stdout
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert_same_weights(exported_model(fsdp2_run[1]).state_dict(), exported_model(tmp_path).state_dict(), atol=1e-5)
+
+
+@pytest.fixture
+def fsdp2_module():
+    """The step-04 script as a module, in a one-process gloo group, to look inside its shard_model."""
+    spec = importlib.util.spec_from_file_location("train_ray_fsdp2", ROOT / FSDP2)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield module
+    dist.destroy_process_group()
+
+
+def sharded_tiny_model(module, mixed_precision, cpu_offload):
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    flags = argparse.Namespace(mixed_precision=mixed_precision, cpu_offload=cpu_offload, reshard_after_forward=True)
+    module.shard_model(model, flags, torch.device("cpu"))
+    return model
+
+
+def train_steps(model, steps=6):
+    """A few AdamW steps on one batch of synthetic images: the loss must fall."""
+    data = load_data("synthetic", "")
+    images, labels = normalize(data.train_images[:32]), data.train_labels[:32]
+    optimizer = make_optimizer(model, argparse.Namespace(lr=1e-3, weight_decay=0.05), torch.device("cpu"))
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, optimizer
+
+
+def test_mixed_precision_computes_in_bf16_and_still_trains(fsdp2_module):
+    model = sharded_tiny_model(fsdp2_module, mixed_precision=True, cpu_offload=False)
+    seen = []
+    linear = model.encoder.layers[0].mlp[0]
+    linear.register_forward_hook(lambda mod, inputs, output: seen.append((inputs[0].dtype, mod.weight.dtype)))
+    losses, _ = train_steps(model)
+    assert seen[0] == (torch.bfloat16, torch.bfloat16)  # the compute really is bf16
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the sharded master weights stay fp32
+    assert model(torch.zeros(2, 3, 32, 32)).dtype == torch.float32  # fp32 logits for the loss
+    assert losses[-1] < losses[0] - 0.1
+
+
+def test_without_mixed_precision_compute_stays_fp32(fsdp2_module):
+    model = sharded_tiny_model(fsdp2_module, mixed_precision=False, cpu_offload=False)
+    seen = []
+    model.encoder.layers[0].mlp[0].register_forward_hook(lambda mod, inputs, output: seen.append(inputs[0].dtype))
+    model(torch.zeros(2, 3, 32, 32))
+    assert seen == [torch.float32]
+
+
+def test_cpu_offload_keeps_shards_and_optimizer_state_in_host_memory(fsdp2_module):
+    model = sharded_tiny_model(fsdp2_module, mixed_precision=False, cpu_offload=True)
+    losses, optimizer = train_steps(model, steps=3)
+    assert all(p.to_local().device.type == "cpu" for p in model.parameters())
+    assert all(v.device.type == "cpu" for state in optimizer.state.values() for v in state.values())
+    offload = {type(group.offload_policy).__name__ for group in
+               (m._get_fsdp_state()._fsdp_param_group for m in model.modules() if hasattr(m, "_get_fsdp_state"))}
+    assert offload == {"CPUOffloadPolicy"}
+    assert all(torch.isfinite(torch.tensor(losses)))
