@@ -1,0 +1,192 @@
+"""Step 03: sharding with one argument: prepare_model(model, parallel_strategy="fsdp").
+
+    python 03-ray-train-fsdp/train_ray_fsdp.py --num-workers 2 --use-gpu --model base --epochs 1
+
+Ray's "fsdp" strategy wraps the model in PyTorch's FullyShardedDataParallel (FSDP1): each transformer
+block is sharded over the workers and gathered only while it runs. FSDP1 needs CUDA GPUs; on a machine
+without them this script stops at once and points to step 04 (FSDP2), which also runs on CPUs.
+"""
+import argparse
+import itertools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from tqdm import tqdm
+
+from common import (TRANSFORMER_BLOCK, augment_batch, build_model, count_params, epoch_line, evaluate,
+                    load_checkpoint, load_data, make_optimizer, make_parser, make_scheduler, memory_table,
+                    peak_memory_mb, per_rank_batch_size, save_checkpoint, state_memory_mb)
+from common.ray_setup import add_ray_flags, check_cluster_can_run, check_resumable, run_name, start_ray
+
+STEP = "ray_fsdp"
+LAUNCHED = time.time()
+
+
+def main():
+    parser = make_parser(__doc__, STEP)
+    parser.add_argument("--fail-at-epoch", type=int, help="crash a worker after this epoch's checkpoint (once)")
+    add_ray_flags(parser)
+    args = parser.parse_args()
+    load_data(args.data, args.data_dir)  # fail here, not in the workers (where Ray would retry), if data is missing
+    start_ray(args.address)
+    use_gpu = check_cluster_can_run(args)
+    if not use_gpu or args.num_workers < 2:
+        raise SystemExit("error: step 03 shards with PyTorch's FSDP1, which needs 2 or more CUDA GPUs "
+                         "(--use-gpu --num-workers 2); on CPUs run step 04, FSDP2, instead")
+    storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
+    name = run_name(STEP, storage, args.resume)
+    check_resumable(storage, name, args.model)
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config=dict(vars(args), launched=LAUNCHED),
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
+        run_config=RunConfig(
+            name=name, storage_path=str(storage),
+            failure_config=FailureConfig(max_failures=args.max_failures),
+            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
+            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
+                                               checkpoint_score_order="max")))
+    result = trainer.fit()
+    best_checkpoint, best_metrics = result.best_checkpoints[-1]
+    print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
+          f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+    print(memory_table(result.metrics["summary"]["memory_per_rank"]))
+    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - LAUNCHED)))
+
+
+def train_func(config):
+    """Runs in every worker. Ray has already started the process group and chosen the device."""
+    args = argparse.Namespace(**config)
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    master_process = rank == 0  # prints, and writes the checkpoint for everyone
+    train(args, rank, world_size, master_process, ray.train.torch.get_device())
+
+
+def train(args, rank, world_size, master_process, device):
+
+    data = load_data(args.data, args.data_dir)
+    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    # Sample ids travel with each batch: augment_batch derives its randomness from them.
+    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
+                              pin_memory=device.type == "cuda")
+    # prepare_data_loader moves every batch to this worker's device. Given a loader without a
+    # DistributedSampler it would add one itself, but seeded with 0 whatever --seed says, padded with
+    # repeated images, and only with more than one worker: we hand it ours, which it keeps.
+    train_loader = ray.train.torch.prepare_data_loader(train_loader)
+    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.model)
+    params = count_params(model)
+    # Moves the model to this worker's device and shards it: one FSDP unit per transformer block, so a
+    # block's full weights exist only while it runs, in forward and in backward.
+    model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs=dict(
+        auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}), use_orig_params=True))
+    full_state = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)  # the whole model, on rank 0's CPU
+    optimizer = make_optimizer(model, args, device)
+    scheduler = make_scheduler(optimizer, args, steps_per_epoch)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    nodes = [None] * world_size
+    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    if master_process:
+        print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
+
+    start_epoch, history = 0, []
+    # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
+    if checkpoint := ray.train.get_checkpoint():
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args.model)
+        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+            model.load_state_dict(state["model"])  # each rank keeps its own shard of the full weights
+            optimizer.load_state_dict(FullyShardedDataParallel.optim_state_dict_to_load(
+                model, optimizer, state["optimizer"]))
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch, history = state["epoch"] + 1, state["history"]
+        if master_process:
+            print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
+
+    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    for epoch in range(start_epoch, args.epochs):
+        # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
+        sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        batches = itertools.islice(train_loader, steps_per_epoch)
+        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
+                                        leave=False, disable=not master_process):
+            images = augment_batch(images, ids, epoch, args.seed)  # already on the device: Ray moved them
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach()
+            time_to_first_step = time_to_first_step or time.time() - args.launched
+        dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # .item() waits for the GPU: time is honest
+        epoch_seconds = time.perf_counter() - epoch_start
+        train_seconds += epoch_seconds
+        images_trained += steps_per_epoch * args.batch_size
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
+
+        result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
+        correct, counted = result.tolist()
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
+                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+        if master_process:
+            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
+                             history[-1]["images_per_s"], peak_memory_mb(device)))
+        memory = [None] * world_size
+        dist.all_gather_object(memory, dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # Ray keeps rank 0's metrics only: everything in them was reduced over ranks above.
+        summary = dict(
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
+            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            test_accuracy=history[-1]["test_accuracy"],
+            images_per_s=images_trained / train_seconds if train_seconds else None,
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
+            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+        # Gathering the full state is a collective: every rank takes part, rank 0 alone receives it.
+        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, full_state):
+            model_state = model.state_dict()
+            optimizer_state = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+        with tempfile.TemporaryDirectory() as checkpoint_dir:
+            checkpoint = None
+            if master_process:
+                save_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", dict(
+                    model=model_state, optimizer=optimizer_state, scheduler=scheduler.state_dict(),
+                    epoch=epoch, history=history, model_preset=args.model))
+                checkpoint = Checkpoint.from_directory(checkpoint_dir)
+                checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
+            # A barrier: every rank must call report, and equally often. Ray copies the checkpoint to storage.
+            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+        if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
+            # Ray's controller registers a reported checkpoint when it next polls the workers (every 2 s):
+            # crash later than that, or Ray restarts from the checkpoint before.
+            time.sleep(5)
+            os._exit(1)  # a hard crash, not an exception: Ray notices, restarts the group from the checkpoint
+
+
+if __name__ == "__main__":
+    main()
