@@ -36,6 +36,7 @@ def start_ray(address: str | None) -> None:
     import common
 
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True,
+             logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
              runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
 
 
