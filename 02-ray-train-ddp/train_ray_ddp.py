@@ -38,6 +38,7 @@ def main():
     parser.add_argument("--fail-at-epoch", type=int, help="crash a worker after this epoch's checkpoint (once)")
     add_ray_flags(parser)
     args = parser.parse_args()
+    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
     load_data(args.data, args.data_dir)  # fail here, not in the workers (where Ray would retry), if data is missing
     start_ray(args.address)
     use_gpu = check_cluster_can_run(args)

@@ -53,6 +53,7 @@ def main():
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free each block's gathered weights after forward (less memory, one more all-gather)")
     args = parser.parse_args()
+    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
     load_data(args.data, args.data_dir)  # fail here, not in the workers (where Ray would retry), if data is missing
     start_ray(args.address)
     use_gpu = check_cluster_can_run(args)

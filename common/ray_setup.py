@@ -35,7 +35,7 @@ def start_ray(address: str | None) -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     import common
 
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True,
+    ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
              runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
 
