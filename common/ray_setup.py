@@ -26,13 +26,12 @@ def add_ray_flags(parser) -> None:
 
 
 def start_ray(address: str | None) -> None:
-    """Connect to (or start) Ray with its console noise turned down, but worker errors still shown.
+    """Connect to (or start) Ray with its console noise turned down, but worker errors still shown
+    (Ray already prints identical lines from several workers once, with a count).
 
     Workers on other nodes import `common` from the copy shipped in the runtime environment."""
     if address and address != "auto":
         check_reachable(address)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")  # one copy of identical worker lines, not N
-    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     import common
 
     ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
