@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from .data import DEFAULT_DATA_DIR
+from .data import DEFAULT_DATA_DIR, normalize
 from .model import PRESETS
 
 
@@ -73,8 +73,6 @@ def evaluate(model, images, labels, device, rank=0, world_size=1, batch_size=500
     runs the same number of forward passes (a short shard repeats its last image without counting
     it), because a sharded model (FSDP) needs all ranks in every forward.
     """
-    from .data import normalize
-
     model.eval()
     shard = torch.arange(rank, len(labels), world_size)
     per_rank = math.ceil(len(labels) / world_size)

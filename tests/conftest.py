@@ -9,8 +9,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
+# Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32"]
 
 
