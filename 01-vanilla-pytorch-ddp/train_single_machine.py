@@ -33,7 +33,7 @@ def main():
 
 def train(args, rank, world_size, master_process, device):
 
-    data = load_data(args.data, args.data_dir)
+    data = load_data(args.data, args.data_dir, args.eval_images)
     batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
     train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))

@@ -39,7 +39,7 @@ def main():
     add_ray_flags(parser)
     args = parser.parse_args()
     args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
-    load_data(args.data, args.data_dir)  # fail here, not in the workers (where Ray would retry), if data is missing
+    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
     start_ray(args.address)
     use_gpu = check_cluster_can_run(args)
     storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
@@ -74,7 +74,7 @@ def train_func(config):
 
 def train(args, rank, world_size, master_process, device):
 
-    data = load_data(args.data, args.data_dir)
+    data = load_data(args.data, args.data_dir, args.eval_images)
     batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
     train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))

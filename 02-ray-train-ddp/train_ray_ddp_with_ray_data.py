@@ -49,7 +49,7 @@ def main():
     add_ray_flags(parser)
     args = parser.parse_args()
     args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
-    data = load_data(args.data, args.data_dir)  # fail here, not in the workers (where Ray would retry), if missing
+    data = load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
     start_ray(args.address)
     use_gpu = check_cluster_can_run(args)
     storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
@@ -108,7 +108,7 @@ def train_func(config):
 
 def train(args, rank, world_size, master_process, device):
 
-    data = load_data(args.data, args.data_dir)  # for the test set and N: the training batches come from Ray Data
+    data = load_data(args.data, args.data_dir, args.eval_images)  # test set and N: training batches come from Ray Data
     batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
     # This worker's stream of the "train" dataset: a disjoint floor(N / world_size) rows every epoch.
     train_shard = ray.train.get_dataset_shard("train")

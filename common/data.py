@@ -18,6 +18,7 @@ CACHE_FILES = {"train": "cifar10_train.npz", "test": "cifar10_test.npz"}
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 SYNTHETIC_SIZES = {"train": 4096, "test": 1024}
+VALIDATION_SIZE = 5000  # cifar10-val: the last 5,000 training images, held out for tuning the recipe
 
 
 @dataclass
@@ -29,16 +30,28 @@ class Data:
     description: str
 
 
-def load_data(name: str, data_dir: str) -> Data:
+def load_data(name: str, data_dir: str, eval_images: int | None = None) -> Data:
+    """name: cifar10 (evaluate on the test set), cifar10-val (train on 45,000 images, evaluate on the
+    other 5,000: tune on this, never on the test set) or synthetic. eval_images: evaluate on the
+    first N evaluation images only (memory and speed probes of huge models)."""
     if name == "synthetic":
         train, test = synthetic_split("train"), synthetic_split("test")
         description = f"synthetic ({len(train[1])} train / {len(test[1])} test images, generated)"
-    elif name == "cifar10":
+    elif name in ("cifar10", "cifar10-val"):
         directory = Path(data_dir).expanduser()
         train, test = load_cifar10_cache(directory)
-        description = f"cifar10 from {directory} ({len(train[1])} train / {len(test[1])} test images)"
+        if name == "cifar10-val":
+            (images, labels), cut = train, -VALIDATION_SIZE
+            train, test = (images[:cut], labels[:cut]), (images[cut:], labels[cut:])
+        evaluated_on = "validation" if name == "cifar10-val" else "test"
+        description = f"{name} from {directory} ({len(train[1])} train / {len(test[1])} {evaluated_on} images)"
     else:
-        raise SystemExit(f"error: unknown --data {name!r}; choose cifar10 or synthetic")
+        raise SystemExit(f"error: unknown --data {name!r}; choose cifar10, cifar10-val or synthetic")
+    if eval_images is not None:
+        if not 0 < eval_images <= len(test[1]):
+            raise SystemExit(f"error: --eval-images {eval_images} must be between 1 and {len(test[1])}")
+        test = test[0][:eval_images], test[1][:eval_images]
+        description += f", evaluating on the first {eval_images} only"
     to_tensors = lambda images, labels: (torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(),
                                          torch.from_numpy(labels))
     return Data(*to_tensors(*train), *to_tensors(*test), description)

@@ -9,10 +9,10 @@ from pathlib import Path
 import ray
 import ray.train
 
-from .data import SYNTHETIC_SIZES
+from .data import SYNTHETIC_SIZES, VALIDATION_SIZE
 from .training import per_rank_batch_size
 
-TRAIN_SIZES = {"cifar10": 50_000, "synthetic": SYNTHETIC_SIZES["train"]}
+TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
 
 
 def add_ray_flags(parser) -> None:

@@ -22,12 +22,14 @@ def make_parser(description: str, step: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
-    p.add_argument("--data", default="cifar10", choices=["cifar10", "synthetic"])
+    p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"],
+                   help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
+    p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
     return p
 
 

@@ -85,6 +85,23 @@ def test_cache_of_the_wrong_shape_gives_a_clear_error(tmp_path):
         load_data("cifar10", tmp_path)
 
 
+def test_validation_split_holds_out_the_last_training_images_and_never_the_test_set(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_module, "VALIDATION_SIZE", 15)
+    for split, n in (("train", 60), ("test", 20)):
+        images = np.random.default_rng(n).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        data_module.write_cache(tmp_path / f"cifar10_{split}.npz", images, np.arange(n) % 10)
+    full, val = load_data("cifar10", tmp_path), load_data("cifar10-val", tmp_path)
+    assert torch.equal(val.train_images, full.train_images[:45]) and torch.equal(val.test_images, full.train_images[45:])
+    assert "45 train / 15 validation images" in val.description
+
+
+def test_eval_images_keeps_the_first_n_and_rejects_impossible_counts():
+    data = load_data("synthetic", "unused", eval_images=8)
+    assert torch.equal(data.test_labels, load_data("synthetic", "unused").test_labels[:8])
+    with pytest.raises(SystemExit, match=r"--eval-images 0 must be between 1 and 1024"):
+        load_data("synthetic", "unused", eval_images=0)
+
+
 def test_synthetic_data_is_deterministic_and_balanced():
     a, b = load_data("synthetic", "unused"), load_data("synthetic", "unused")
     assert torch.equal(a.train_images, b.train_images) and torch.equal(a.test_labels, b.test_labels)
