@@ -1,0 +1,380 @@
+"""Runs the workshop's steps side by side with identical settings; writes a results table and plots.
+
+    python benchmarks/compare_steps.py --data-dir ../shared/data/cifar10 --epochs 2 --steps-per-epoch 100
+    python benchmarks/compare_steps.py --data-dir ../shared/data/cifar10 --epochs 10 --only single_machine
+
+Two sections. "steps" runs every step script with the same model, data, global batch, epochs and
+workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
+"memory" runs the largest model for one step under DDP (step 02) and FSDP2 (step 04) on 1, 2 and 4
+workers, with and without CPU offload, and tabulates each rank's own memory report. A run this
+machine cannot do is listed as skipped, with the reason. Every number comes from the final JSON
+line the scripts print; each run's full output is kept in <out>/logs/.
+"""
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
+from common import PRESETS, build_model, count_params  # noqa: E402
+
+SCRIPTS = {
+    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py",
+    "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
+    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py",
+    "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
+    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py",
+    "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
+}
+ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
+
+
+@dataclass
+class Run:
+    name: str
+    section: str
+    step: str
+    workers: int
+    flags: list = field(default_factory=list)
+    skipped: str | None = None
+    status: str = "not run"
+    summary: dict | None = None
+    launch_to_first_step_s: float | None = None
+    error: str | None = None
+
+
+def main():
+    args = parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    machine = describe_machine()
+    runs = [r for r in plan_step_runs(args) + plan_memory_runs(args) if selected(r, args.only)]
+    if not runs:
+        raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
+                         f"{', '.join(r.name for r in plan_step_runs(args) + plan_memory_runs(args))}")
+    memory_cluster = start_memory_cluster(args, runs)
+    for i, run in enumerate(runs, 1):
+        print(f"[{i}/{len(runs)}] {run.name}: ", end="", flush=True)
+        if run.skipped:
+            run.status = "skipped"
+            print(f"skipped ({run.skipped})")
+            continue
+        address = args.address or (memory_cluster if run.section == "memory" else None)
+        execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
+        print(outcome_line(run), flush=True)
+    results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                   date=time.strftime("%Y-%m-%d"), runs=[vars(r) for r in runs])
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(results_markdown(results))
+    plots = write_plots(runs, out)
+    print(f"table: {out / 'results.md'} | plots: {', '.join(str(p) for p in plots)} | logs: {out / 'logs'}")
+    if any(r.status == "failed" for r in runs):
+        raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", choices=PRESETS, help="steps section: the model every step trains")
+    p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"])
+    p.add_argument("--data-dir", default=None, help="passed to every step (default: the steps' default)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=None, help="global batch (default: the steps' default)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="cut epochs short (same for every step)")
+    p.add_argument("--num-workers", type=int, default=2, help="processes of the multi-process steps")
+    p.add_argument("--memory-model", default=list(PRESETS)[-1], choices=PRESETS, help="default: the largest")
+    p.add_argument("--memory-workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--address", default=None, help="a running Ray cluster for every Ray run (default: the "
+                   "steps start their own, as a user would; the memory section starts one with enough CPUs)")
+    p.add_argument("--only", nargs="+", default=[], help="run names or sections (steps, memory) to run")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    return p.parse_args()
+
+
+def plan_step_runs(args) -> list:
+    n, gpus = args.num_workers, torch.cuda.device_count()
+    runs = [Run("single_machine", "steps", "single_machine", 1), Run("ddp", "steps", "ddp", n),
+            Run("ray_ddp_1_worker", "steps", "ray_ddp", 1), Run("ray_ddp", "steps", "ray_ddp", n),
+            Run("ray_ddp_data", "steps", "ray_ddp_data", n), Run("ray_fsdp", "steps", "ray_fsdp", n),
+            Run("ray_fsdp2", "steps", "ray_fsdp2", n),
+            Run("ray_fsdp2_mp_offload", "steps", "ray_fsdp2", n, ["--mixed-precision", "--cpu-offload"])]
+    for run in runs:
+        if run.step == "ray_fsdp" and gpus < n:
+            run.skipped = f"FSDP1 needs CUDA: {n} GPUs, this machine has {gpus}"
+        elif gpus and run.workers > gpus:
+            run.skipped = f"{run.workers} processes need {run.workers} GPUs, this machine has {gpus}"
+        elif run.workers > (os.cpu_count() or 1) and not gpus:
+            run.skipped = f"{run.workers} processes need {run.workers} CPU cores, this machine has {os.cpu_count()}"
+    return runs
+
+
+def plan_memory_runs(args) -> list:
+    """DDP keeps all state on every rank; on a CPU machine the ranks share its RAM, on GPUs each rank has
+    its own. Runs that cannot fit are predicted from the exact byte count and not started."""
+    with torch.device("meta"):
+        state_bytes = ADAMW_FP32_BYTES_PER_PARAM * count_params(build_model(args.memory_model))
+    gpus = torch.cuda.device_count()
+    capacity = torch.cuda.get_device_properties(0).total_memory if gpus else os.sysconf("SC_PAGE_SIZE") * \
+        os.sysconf("SC_PHYS_PAGES")
+    runs = []
+    for n in args.memory_workers:
+        for name, step, flags in [(f"memory_ddp_n{n}", "ray_ddp", []), (f"memory_fsdp2_n{n}", "ray_fsdp2", []),
+                                  (f"memory_fsdp2_offload_n{n}", "ray_fsdp2", ["--cpu-offload"])]:
+            run = Run(name, "memory", step, n, flags)
+            need = state_bytes * (1 if gpus else n)  # GPUs: a device per rank; CPUs: the ranks share the RAM
+            if gpus and n > gpus:
+                run.skipped = f"needs {n} GPUs, this machine has {gpus}"
+            elif step == "ray_ddp" and need > 0.9 * capacity:
+                where = "of GPU memory" if gpus else f"of RAM, shared by the {n} ranks"
+                run.skipped = (f"does not fit: DDP keeps all {state_bytes / 2**30:.1f} GiB of weights, gradients "
+                               f"and AdamW state on every rank; {need / 2**30:.1f} GiB > 90% of "
+                               f"{capacity / 2**30:.1f} GiB {where}")
+            runs.append(run)
+    return runs
+
+
+def selected(run: Run, only: list) -> bool:
+    return not only or run.name in only or run.section in only
+
+
+def start_memory_cluster(args, runs) -> str | None:
+    """One Ray instance with a logical CPU per worker (4 workers on a 2-core machine are fine for a
+    memory probe), which the memory runs attach to with --address."""
+    needed = [r.workers for r in runs if r.section == "memory" and not r.skipped]
+    if args.address or not needed:
+        return None
+    import ray
+
+    ray.init(num_cpus=max(max(needed), os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
+    return ray.get_runtime_context().gcs_address
+
+
+def command(run: Run, args, address: str | None) -> list:
+    script = str(ROOT / SCRIPTS[run.step])
+    if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
+        batch = str(math.lcm(*args.memory_workers))
+        flags = ["--model", args.memory_model, "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "1",
+                 "--batch-size", batch, "--eval-images", batch, "--max-failures", "0"]
+    else:
+        flags = ["--model", args.model, "--data", args.data, "--epochs", str(args.epochs)]
+        for flag, value in [("--data-dir", args.data_dir), ("--batch-size", args.batch_size),
+                            ("--steps-per-epoch", args.steps_per_epoch)]:
+            if value is not None:
+                flags += [flag, str(value)]
+    flags += run.flags
+    if run.step == "single_machine":
+        return [sys.executable, script, *flags]
+    if run.step == "ddp":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(run.workers), script, *flags]
+    return [sys.executable, script, *flags, "--num-workers", str(run.workers)] + (
+        ["--address", address] if address else [])
+
+
+def execute(run: Run, cmd: list, log_path: Path) -> None:
+    """Run one step in a fresh checkpoint folder; keep its output; read its final JSON line."""
+    checkpoint_dir = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    launched = time.time()
+    summary, seen_at = None, None
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        process = subprocess.Popen([*cmd, "--checkpoint-dir", checkpoint_dir], cwd=ROOT, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=log)
+        for line in process.stdout:
+            log.write(line)
+            log.flush()  # so that `tail -f` on the log follows the run
+            if line.startswith("{"):
+                summary, seen_at = json.loads(line), time.time()
+        returncode = process.wait()
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a giant model's checkpoints are tens of GB
+    if returncode or summary is None:
+        run.status, run.error = "failed", last_error_line(log_path)
+        return
+    run.status, run.summary = "ok", summary
+    # wall_time_s runs from the script's own start, after its imports: add what came before it.
+    started = seen_at - summary["wall_time_s"]
+    run.launch_to_first_step_s = started - launched + summary["time_to_first_step_s"]
+
+
+def last_error_line(log_path: Path) -> str:
+    lines = [line.strip() for line in log_path.read_text().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:") or "Error" in line]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def steady_images_per_s(summary: dict) -> float:
+    """Epochs after the first when there are several: the first pays for warm-up (allocations, caches)."""
+    history = summary["history"]
+    later = history[1:] or history
+    return sum(h["images_per_s"] for h in later) / len(later)
+
+
+def outcome_line(run: Run) -> str:
+    if run.status != "ok":
+        return f"FAILED ({run.error})"
+    s = run.summary
+    memory = s.get("memory_per_rank") or [{}]
+    state = sum(memory[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
+    return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, "
+            f"first step after {run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0"
+                                                                    if state else ""))
+
+
+def describe_machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, " + (f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU")
+            + f"; torch {torch.__version__}")
+
+
+def results_markdown(results: dict) -> str:
+    runs = [Run(**r) for r in results["runs"]]
+    steps = [r for r in runs if r.section == "steps"]
+    memory = [r for r in runs if r.section == "memory"]
+    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", "",
+             f"Command: `python benchmarks/{results['command']}`", ""]
+    if steps:
+        ok = [r for r in steps if r.status == "ok"]
+        if ok:
+            s = ok[0].summary
+            lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
+                      f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
+        lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
+                  "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
+        for r in steps:
+            if r.status != "ok":
+                lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
+                continue
+            s = r.summary
+            lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
+                         f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
+                         f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
+        lines += ["", TIMING_NOTE, ""] + figures(steps)
+    if memory:
+        lines += memory_markdown(memory)
+    return "\n".join(lines) + "\n"
+
+
+TIMING_NOTE = (
+    "img/s counts the training loop only (batches from in-memory uint8 tensors, augmentation on the device, "
+    "forward, backward, optimizer step), averaged over the epochs after the first when there are several. "
+    "Evaluation and checkpointing are not in img/s; they are in wall time. Launch to first step runs from "
+    "the benchmark starting the command to the end of the first optimizer step: Python imports, Ray start-up, "
+    "worker start, data loading and model construction included.")
+
+
+def figures(steps: list) -> list:
+    by_name = {r.name: r for r in steps if r.status == "ok"}
+    lines = ["Comparisons (ratios of the runs above):", ""]
+    if "ray_ddp" in by_name and "ddp" in by_name:
+        ray, ddp = by_name["ray_ddp"], by_name["ddp"]
+        lines.append(f"- Ray overhead: Ray DDP / torchrun DDP throughput = "
+                     f"{steady_images_per_s(ray.summary) / steady_images_per_s(ddp.summary):.3f} "
+                     f"({ray.workers} workers each); launch to first step {ray.launch_to_first_step_s:.1f} s "
+                     f"with Ray vs {ddp.launch_to_first_step_s:.1f} s with torchrun.")
+    for one, many in [("single_machine", "ddp"), ("ray_ddp_1_worker", "ray_ddp")]:
+        if one in by_name and many in by_name:
+            a, b = by_name[one], by_name[many]
+            lines.append(f"- Scaling: {b.name} with {b.workers} processes / {a.name} with 1 = "
+                         f"{steady_images_per_s(b.summary) / steady_images_per_s(a.summary):.2f}x throughput.")
+    if "ray_ddp" in by_name:
+        s = by_name["ray_ddp"].summary
+        n, grads = s["world_size"], s["memory_per_rank"][0]["grads_mb"]
+        step_ms = 1000 * s["global_batch_size"] / steady_images_per_s(s)
+        lines.append(f"- Communication: DDP all-reduces {grads:,.1f} MB of gradients per step; a ring all-reduce "
+                     f"sends and receives 2(N-1)/N of that per rank, {2 * (n - 1) / n * grads:,.1f} MB at N={n}, "
+                     f"against {step_ms:,.0f} ms of compute per step here. Per step, this volume stays the same "
+                     f"as N grows (it tends to 2x the gradients) while each rank's compute shrinks as 1/N of the "
+                     f"global batch: the network, not the processors, sets the limit to scaling.")
+    return lines + [""]
+
+
+def memory_markdown(memory: list) -> list:
+    ok = [r for r in memory if r.status == "ok"]
+    title = f"model {ok[0].summary['model']} ({ok[0].summary['params']:,} parameters)" if ok else ""
+    lines = [f"## Memory per rank: {title}", "",
+             "Parameters, gradients and optimizer state are exact: the bytes of the tensors each rank holds (its "
+             "shard under FSDP2). Peak is the process's peak resident memory on CPU, or peak allocated GPU memory. "
+             f"One training step with a global batch of {ok[0].summary['global_batch_size'] if ok else '?'} images, "
+             "synthetic data.", "",
+             "| strategy | workers | CPU offload | parameters (MB) | gradients (MB) | optimizer (MB) | "
+             "total state (GiB) | peak (GiB) |", "|---|---|---|---|---|---|---|---|"]
+    for r in memory:
+        strategy = "DDP (step 02)" if r.step == "ray_ddp" else "FSDP2 (step 04)"
+        offload = "yes" if "--cpu-offload" in r.flags else "no"
+        if r.status != "ok":
+            lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")
+            continue
+        m = r.summary["memory_per_rank"][0]
+        total = (m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]) / 1024
+        lines.append(f"| {strategy} | {r.workers} | {offload} | {m['params_mb']:,.0f} | {m['grads_mb']:,.0f} | "
+                     f"{m['optimizer_mb']:,.0f} | {total:,.2f} | {max(r.summary['peak_memory_mb']) / 1024:,.1f} |")
+    return lines + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."]
+
+
+def write_plots(runs: list, out: Path) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    steps = [r for r in runs if r.section == "steps" and r.status == "ok"]
+    if steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in steps:
+            history = r.summary["history"]
+            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=r.name)
+        ax.set(xlabel="epoch", ylabel="test accuracy", title=f"Test accuracy per epoch ({steps[0].summary['model']})")
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / "accuracy.png"))
+        fig, ax = plt.subplots(figsize=(7, 4))
+        speeds = [steady_images_per_s(r.summary) for r in steps]
+        ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
+        for y, v in enumerate(speeds):
+            ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+        ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
+        ax.invert_yaxis()
+        written.append(save(fig, out / "throughput.png"))
+    memory = [r for r in runs if r.section == "memory" and r.status == "ok"]
+    if memory:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [r.name.removeprefix("memory_") for r in memory]
+        bottom = [0.0] * len(memory)
+        for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
+            values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
+            ax.bar(labels, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.legend()
+        written.append(save(fig, out / "memory.png"))
+    return written
+
+
+def save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+if __name__ == "__main__":
+    main()
