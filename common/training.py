@@ -16,7 +16,7 @@ from .model import PRESETS
 def make_parser(description: str, step: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=512, help="global batch size, split evenly over processes")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch size, split evenly over processes")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup-epochs", type=float, default=1.0)
