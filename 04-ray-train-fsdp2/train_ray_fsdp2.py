@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -104,10 +104,11 @@ def train(args, rank, world_size, master_process, device):
     train_loader = ray.train.torch.prepare_data_loader(train_loader)
     steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
 
-    torch.manual_seed(args.seed)
-    model = build_model(args.model)  # the same weights on every rank (same seed): fully_shard keeps a slice
+    with torch.device("meta"):  # shapes only, no memory: no rank ever holds the whole model for training
+        model = build_model(args.model)
     params = count_params(model)
     shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it
+    load_initial_weights(model, args, device)
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
@@ -176,6 +177,10 @@ def train(args, rank, world_size, master_process, device):
             # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one checkpoint.
             dcp.save({"app": ShardedState(model, optimizer)}, checkpoint_id=checkpoint_dir)
             if epoch + 1 == args.epochs:  # the whole model, gathered once, for inference on one device
+                # Training is over and saved: drop gradients and optimizer state first, so that rank 0
+                # holds its shard plus one full copy, not the training state plus one full copy.
+                optimizer.zero_grad(set_to_none=True)
+                optimizer.state.clear()
                 full_model = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                                   cpu_offload=True))
             checkpoint = Checkpoint.from_directory(checkpoint_dir)
@@ -213,6 +218,18 @@ def shard_model(model, args, device) -> None:
                                                      output_dtype=torch.float32)
     # The root's weights are the first needed in backward: keep them gathered after forward.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, **policies)
+
+
+def load_initial_weights(model, args, device) -> None:
+    """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks one
+    tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while this runs."""
+    model.to_empty(device="cpu" if args.cpu_offload else device)  # allocates this rank's shards
+    full_state = {}
+    if dist.get_rank() == 0:
+        torch.manual_seed(args.seed)
+        full_state = build_model(args.model).state_dict()
+    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True,
+                                                                     broadcast_from_rank0=True))
 
 
 class ShardedState(Stateful):

@@ -210,9 +210,14 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
 
 
 def last_error_line(log_path: Path) -> str:
+    """Why a run failed: the script's own one-line error, else Ray's out-of-memory kill (which the
+    shutdown errors printed after it would hide), else the last line that names an error."""
     lines = [line.strip() for line in log_path.read_text().splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:") or "Error" in line]
-    return (errors or lines or ["no output"])[-1][:300]
+    for wanted in (lambda line: line.startswith("error:"), lambda line: "OutOfMemoryError" in line,
+                   lambda line: "Error" in line):
+        if found := [line for line in lines if wanted(line)]:
+            return found[-1][:300]
+    return (lines or ["no output"])[-1][:300]
 
 
 def steady_images_per_s(summary: dict) -> float:

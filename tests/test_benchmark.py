@@ -1,7 +1,8 @@
 """The benchmark runs the steps side by side and writes a table and plots (tiny settings, no timing claims)."""
+import importlib.util
 import json
 
-from conftest import python
+from conftest import ROOT, python
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -31,3 +32,16 @@ def test_benchmark_writes_table_and_plots(ray_cluster, tmp_path):
     for plot in ("accuracy.png", "throughput.png", "memory.png"):
         data = (tmp_path / plot).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000, plot
+
+
+def test_a_failed_runs_reason_is_ray_out_of_memory_kill_not_the_shutdown_noise_after_it(tmp_path):
+    spec = importlib.util.spec_from_file_location("compare_steps", ROOT / "benchmarks" / "compare_steps.py")
+    compare_steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_steps)
+    log = tmp_path / "run.log"
+    log.write_text("epoch 1/1 | train loss 2.3026\nTraceback (most recent call last):\n"
+                   "ray.exceptions.OutOfMemoryError: 2 worker(s) were killed due to the node running low on memory.\n"
+                   "Error: Training failed due to controller error:\n")
+    assert compare_steps.last_error_line(log).startswith("ray.exceptions.OutOfMemoryError: 2 worker(s)")
+    log.write_text("error: --model huge does not fit\nTraceback (most recent call last):\nRuntimeError: boom\n")
+    assert compare_steps.last_error_line(log) == "error: --model huge does not fit"

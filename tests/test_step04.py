@@ -82,6 +82,21 @@ def sharded_tiny_model(module, mixed_precision, cpu_offload):
     return model
 
 
+@pytest.mark.parametrize("cpu_offload", [False, True])
+def test_meta_built_model_starts_from_the_seeded_weights(fsdp2_module, cpu_offload):
+    """The script builds the model on the meta device (no memory) and loads rank 0's seeded weights."""
+    with torch.device("meta"):
+        model = build_model("tiny")
+    flags = argparse.Namespace(mixed_precision=False, cpu_offload=cpu_offload, reshard_after_forward=True,
+                               seed=3, model="tiny")
+    fsdp2_module.shard_model(model, flags, torch.device("cpu"))
+    fsdp2_module.load_initial_weights(model, flags, torch.device("cpu"))
+    torch.manual_seed(3)
+    expected = build_model("tiny").state_dict()
+    loaded = {name: p.full_tensor() for name, p in model.state_dict().items()}
+    assert_same_weights(expected, loaded)
+
+
 def train_steps(model, steps=6):
     """A few AdamW steps on one batch of synthetic images: the loss must fall."""
     data = load_data("synthetic", "")
