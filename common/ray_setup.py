@@ -34,6 +34,9 @@ def start_ray(address: str | None) -> None:
         check_reachable(address)
     import common
 
+    # Ray Train copies every print in a worker into its own logger too, which echoes it on stderr: each
+    # line would show twice. Ray hands this variable on to its controller and workers.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
              runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})

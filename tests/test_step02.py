@@ -20,6 +20,8 @@ def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
         assert memory["optimizer_mb"] == pytest.approx(2 * full_mb, rel=1e-3)  # + one step counter per tensor
     assert "memory per rank (MB)" in result.stdout
     assert result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
+    # and once only: Ray Train's print patch would echo each worker line again on stderr
+    assert (result.stdout + result.stderr).count("epoch 2/2 |") == 1
     assert "best checkpoint" in result.stdout
     checkpoint = latest_ray_checkpoint(storage)
     assert ray.train.Checkpoint(str(checkpoint)).get_metadata() == {"model_preset": "tiny", "epoch": 2}
