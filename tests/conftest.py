@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 import socket
@@ -12,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
 # Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32"]
+
+
+def load_script(path: str):
+    """A script of this repository as a module (its main() does not run), to test its functions."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(cmd, timeout=180, **kwargs):

@@ -1,8 +1,7 @@
 """The benchmark runs the steps side by side and writes a table and plots (tiny settings, no timing claims)."""
-import importlib.util
 import json
 
-from conftest import ROOT, python
+from conftest import load_script, python
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -35,9 +34,7 @@ def test_benchmark_writes_table_and_plots(ray_cluster, tmp_path):
 
 
 def test_a_failed_runs_reason_is_ray_out_of_memory_kill_not_the_shutdown_noise_after_it(tmp_path):
-    spec = importlib.util.spec_from_file_location("compare_steps", ROOT / "benchmarks" / "compare_steps.py")
-    compare_steps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare_steps)
+    compare_steps = load_script("benchmarks/compare_steps.py")
     log = tmp_path / "run.log"
     log.write_text("epoch 1/1 | train loss 2.3026\nTraceback (most recent call last):\n"
                    "ray.exceptions.OutOfMemoryError: 2 worker(s) were killed due to the node running low on memory.\n"

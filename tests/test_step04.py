@@ -1,14 +1,13 @@
 """Step 04: FSDP2 on CPU with gloo: equivalence with DDP, mixed precision, CPU offload, sharded
 checkpoints that resume at another worker count, and the full-model export."""
 import argparse
-import importlib.util
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from common import build_model, evaluate, load_data, make_optimizer, normalize
-from conftest import (ROOT, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+from conftest import (assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_script,
                       load_weights, ray_script)
 
 FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
@@ -66,9 +65,7 @@ def test_sharded_checkpoint_resumes_on_another_number_of_workers(ray_cluster, fs
 @pytest.fixture
 def fsdp2_module():
     """The step-04 script as a module, in a one-process gloo group, to look inside its shard_model."""
-    spec = importlib.util.spec_from_file_location("train_ray_fsdp2", ROOT / FSDP2)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(FSDP2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield module
     dist.destroy_process_group()
