@@ -13,11 +13,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .errors import fail
+
 DEFAULT_DATA_DIR = "~/.cache/cifar10"
 CACHE_FILES = {"train": "cifar10_train.npz", "test": "cifar10_test.npz"}
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 SYNTHETIC_SIZES = {"train": 4096, "test": 1024}
+CROP_PADDING = 4  # random crops shift an image by up to this many pixels each way
 VALIDATION_SIZE = 5000  # cifar10-val: the last 5,000 training images, held out for tuning the recipe
 
 
@@ -46,15 +49,18 @@ def load_data(name: str, data_dir: str, eval_images: int | None = None) -> Data:
         evaluated_on = "validation" if name == "cifar10-val" else "test"
         description = f"{name} from {directory} ({len(train[1])} train / {len(test[1])} {evaluated_on} images)"
     else:
-        raise SystemExit(f"error: unknown --data {name!r}; choose cifar10, cifar10-val or synthetic")
+        raise fail(f"unknown --data {name!r}; choose cifar10, cifar10-val or synthetic")
     if eval_images is not None:
         if not 0 < eval_images <= len(test[1]):
-            raise SystemExit(f"error: --eval-images {eval_images} must be between 1 and {len(test[1])}")
+            raise fail(f"--eval-images {eval_images} must be between 1 and {len(test[1])}")
         test = test[0][:eval_images], test[1][:eval_images]
         description += f", evaluating on the first {eval_images} only"
-    to_tensors = lambda images, labels: (torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(),
-                                         torch.from_numpy(labels))
     return Data(*to_tensors(*train), *to_tensors(*test), description)
+
+
+def to_tensors(images: np.ndarray, labels: np.ndarray):
+    """NHWC uint8 arrays -> NCHW uint8 tensor, and the labels."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
 
 
 def load_cifar10_cache(directory: Path):
@@ -78,10 +84,10 @@ def read_split(directory: Path, split: str):
         with np.load(path) as arrays:
             images, labels = arrays["images"], arrays["labels"]
     except Exception as e:
-        raise SystemExit(f"error: {path} is corrupt ({type(e).__name__}); delete it to download again")
+        raise fail(f"{path} is corrupt ({type(e).__name__}); delete it to download again")
     if images.dtype != np.uint8 or images.shape[1:] != (32, 32, 3) or labels.shape != images.shape[:1]:
-        raise SystemExit(f"error: {path} holds images {images.shape} {images.dtype}, expected "
-                         f"(N, 32, 32, 3) uint8 with N labels; delete it to download again")
+        raise fail(f"{path} holds images {images.shape} {images.dtype}, expected (N, 32, 32, 3) uint8 with N "
+                   f"labels; delete it to download again")
     return images, labels.astype(np.int64)
 
 
@@ -91,8 +97,8 @@ def download_cifar10(directory: Path) -> None:
     try:
         splits = {split: CIFAR10(directory, train=split == "train", download=True) for split in CACHE_FILES}
     except Exception as e:
-        raise SystemExit(
-            f"error: could not download CIFAR-10 into {directory} ({type(e).__name__}: {e}); offline? "
+        raise fail(
+            f"could not download CIFAR-10 into {directory} ({type(e).__name__}: {e}); offline? "
             f"copy {' and '.join(CACHE_FILES.values())} there and pass --data-dir, or use --data synthetic")
     for split, dataset in splits.items():
         write_cache(directory / CACHE_FILES[split], dataset.data, np.array(dataset.targets, dtype=np.int64))
@@ -122,7 +128,7 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
 
 
 def augment_batch(images: torch.Tensor, ids: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
-    """Random crop (reflect padding 4) and horizontal flip for a whole batch, on its device.
+    """Random crop (reflect padding CROP_PADDING) and horizontal flip for a whole batch, on its device.
 
     The randomness is a hash of (sample id, epoch, seed) rather than a generator's state, so an
     image gets the same crop and flip whichever rank sees it and however many ranks there are:
@@ -130,10 +136,11 @@ def augment_batch(images: torch.Tensor, ids: torch.Tensor, epoch: int, seed: int
     reproduce an uninterrupted one.
     """
     h = mix32(mix32(ids.long() * 9973 + epoch * 7919 + seed * 104729))
-    flip, dx, dy = (h & 1).bool(), (h >> 1) % 9, (h >> 5) % 9
+    pad = CROP_PADDING
+    flip, dx, dy = (h & 1).bool(), (h >> 1) % (2 * pad + 1), (h >> 5) % (2 * pad + 1)
     x = normalize(images)
     x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-    x = F.pad(x, (4, 4, 4, 4), mode="reflect")
+    x = F.pad(x, (pad, pad, pad, pad), mode="reflect")
     offsets = torch.arange(32, device=x.device)
     rows, cols = (dy[:, None] + offsets)[:, :, None], (dx[:, None] + offsets)[:, None, :]
     batch = torch.arange(len(x), device=x.device)[:, None, None]
