@@ -7,6 +7,7 @@ train_ddp.py to see everything plain DDP makes you write by hand.
 """
 import itertools
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -15,18 +16,16 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from tqdm import tqdm
 
-from common import (augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
-                    make_optimizer, make_parser, make_scheduler, peak_memory_mb, per_rank_batch_size,
-                    save_checkpoint)
+from common import build_model, count_params, load_data, make_parser
+from common import augment_batch, evaluate, make_optimizer, make_scheduler
+from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import load_checkpoint, save_checkpoint
 
 STEP = "single_machine"
-LAUNCHED = time.time()
 
 
 def main():
-    parser = make_parser(__doc__, STEP)
-    parser.add_argument("--fail-at-epoch", type=int, help="crash after this epoch's checkpoint (practise --resume)")
-    args = parser.parse_args()
+    args = make_parser(__doc__, STEP).parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     train(args, rank=0, world_size=1, master_process=True, device=device)
 
@@ -34,7 +33,7 @@ def main():
 def train(args, rank, world_size, master_process, device):
 
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
     train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
     shuffle = torch.Generator()
@@ -49,14 +48,15 @@ def train(args, rank, world_size, master_process, device):
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    nodes = gather_from_ranks(socket.gethostname())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
-              f"{world_size} x {device.type}, {batch_size} images per step each")
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
 
     checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
     start_epoch, history = 0, []
     if args.resume:
-        state = load_checkpoint(checkpoint_path, args.model)
+        state = load_checkpoint(checkpoint_path, args)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -82,11 +82,12 @@ def train(args, rank, world_size, master_process, device):
             optimizer.step()
             scheduler.step()
             loss_sum += loss.detach()
-            time_to_first_step = time_to_first_step or time.time() - LAUNCHED
+            time_to_first_step = time_to_first_step or time.time() - args.launched
         train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: time is honest
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
 
         correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
@@ -94,21 +95,26 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
-            save_checkpoint(checkpoint_path, dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                                                  scheduler=scheduler.state_dict(), epoch=epoch,
-                                                  history=history, model_preset=args.model))
+        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # The run so far, as the last line of output will report it.
+        summary = dict(
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
+            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            test_accuracy=history[-1]["test_accuracy"],
+            images_per_s=images_trained / train_seconds if train_seconds else None,
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
+            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+        if master_process:
+            save_checkpoint(checkpoint_path, dict(
+                model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                epoch=epoch, history=history, model_preset=args.model))
         if epoch + 1 == args.fail_at_epoch:
             sys.exit(f"simulated crash after epoch {epoch + 1} (--fail-at-epoch); "
                      f"rerun with --resume to continue from {checkpoint_path}")
 
-    peak_memory = [peak_memory_mb(device)]
     if master_process:
-        print(json.dumps(dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
-            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
-            test_accuracy=history[-1]["test_accuracy"], wall_time_s=time.time() - LAUNCHED,
-            images_per_s=images_trained / train_seconds if train_seconds else None,
-            time_to_first_step_s=time_to_first_step, peak_memory_mb=peak_memory, history=history)))
+        print(memory_table(summary["memory_per_rank"]))
+        print(json.dumps(dict(summary, wall_time_s=time.time() - args.launched)))
 
 
 if __name__ == "__main__":

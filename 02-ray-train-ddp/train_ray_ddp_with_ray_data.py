@@ -34,35 +34,29 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig
 from ray.train.torch import TorchTrainer
 from tqdm import tqdm
 
-from common import (augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
-                    make_optimizer, make_parser, make_scheduler, memory_table, peak_memory_mb, per_rank_batch_size,
-                    save_checkpoint, state_memory_mb)
-from common.ray_setup import add_ray_flags, check_cluster_can_run, check_resumable, run_name, start_ray
+from common import build_model, count_params, load_data, make_parser
+from common import augment_batch, evaluate, make_optimizer, make_scheduler
+from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import load_checkpoint, save_checkpoint
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
 
 STEP = "ray_ddp_data"
-LAUNCHED = time.time()
 
 
 def main():
-    parser = make_parser(__doc__, STEP)
-    parser.add_argument("--fail-at-epoch", type=int, help="crash a worker after this epoch's checkpoint (once)")
-    add_ray_flags(parser)
-    args = parser.parse_args()
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
+    args = add_ray_flags(make_parser(__doc__, STEP)).parse_args()
     data = load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
+    name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
     start_ray(args.address)
-    use_gpu = check_cluster_can_run(args)
-    storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
-    name = run_name(STEP, storage, args.resume)
-    check_resumable(storage, name, args.model)
+    use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,
-        train_loop_config=dict(vars(args), launched=LAUNCHED),
+        train_loop_config=vars(args),
         # Ray Train splits every dataset here into one stream per worker, all of the same length.
         datasets={"train": train_dataset(data, args.seed)},
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(
-            name=name, storage_path=str(storage),
+            name=name, storage_path=args.checkpoint_dir,  # an absolute path, or a URI such as s3://bucket/runs
             failure_config=FailureConfig(max_failures=args.max_failures),
             logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
@@ -72,7 +66,7 @@ def main():
     print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
           f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
     print(memory_table(result.metrics["summary"]["memory_per_rank"]))
-    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - LAUNCHED)))
+    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
 
 
 def train_dataset(data, seed):
@@ -92,7 +86,7 @@ def train_dataset(data, seed):
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = context.print_on_execution_start = False
     rows = [dict(image=image, label=label, id=i)
-            for i, (image, label) in enumerate(zip(data.train_images.numpy(), data.train_labels.numpy()))]
+            for i, (image, label) in enumerate(zip(data.train_images.numpy(), data.train_labels.numpy(), strict=True))]
     # RandomSeedConfig reseeds at every execution (epoch); a plain int seed would repeat one order.
     return ray.data.from_items(rows).randomize_block_order(seed=ray.data.RandomSeedConfig(seed=seed))
 
@@ -109,7 +103,7 @@ def train_func(config):
 def train(args, rank, world_size, master_process, device):
 
     data = load_data(args.data, args.data_dir, args.eval_images)  # test set and N: training batches come from Ray Data
-    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
     # This worker's stream of the "train" dataset: a disjoint floor(N / world_size) rows every epoch.
     train_shard = ray.train.get_dataset_shard("train")
     # DDP needs every rank to run the same number of steps (one extra batch on one rank would hang the
@@ -126,8 +120,7 @@ def train(args, rank, world_size, master_process, device):
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = [None] * world_size
-    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    nodes = gather_from_ranks(ray.get_runtime_context().get_node_id())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
               f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
@@ -136,7 +129,7 @@ def train(args, rank, world_size, master_process, device):
     # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
     if checkpoint := ray.train.get_checkpoint():
         with checkpoint.as_directory() as checkpoint_dir:
-            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args.model)
+            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args)
         raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -173,17 +166,17 @@ def train(args, rank, world_size, master_process, device):
         images_trained += steps_per_epoch * args.batch_size
         state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
 
-        result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
-        dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
-        correct, counted = result.tolist()
+        tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
+        correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
                             epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = [None] * world_size
-        dist.all_gather_object(memory, dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # Ray keeps rank 0's metrics only: everything in them was reduced over ranks above.
+        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # The run so far, as the last line of output will report it. Ray keeps rank 0's metrics only:
+        # everything in them was reduced or gathered over ranks above.
         summary = dict(
             step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
             epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],

@@ -367,7 +367,7 @@ def write_plots(runs: list, out: Path) -> list:
         for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
             values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
             ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
         ax.tick_params(axis="x", labelrotation=30)
         ax.legend()

@@ -9,13 +9,12 @@ from pathlib import Path
 import ray
 import ray.train
 
-from .data import SYNTHETIC_SIZES, VALIDATION_SIZE
-from .training import per_rank_batch_size
-
-TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
+from .errors import fail
+from .training import check_compatible
 
 
-def add_ray_flags(parser) -> None:
+def add_ray_flags(parser):
+    """The Ray steps' own flags, added to make_parser's; returns the parser."""
     parser.add_argument("--num-workers", type=int, default=2, help="training processes (one GPU each with --use-gpu)")
     parser.add_argument("--use-gpu", action="store_true", default=None,
                         help="one GPU per worker (default: when the cluster has GPUs)")
@@ -23,6 +22,7 @@ def add_ray_flags(parser) -> None:
     parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                         help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else start one here)")
     parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
+    return parser
 
 
 def start_ray(address: str | None) -> None:
@@ -39,7 +39,17 @@ def start_ray(address: str | None) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
-             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"},
+                          "worker_process_setup_hook": quiet_train_worker_reports})
+
+
+def quiet_train_worker_reports() -> None:
+    """Runs in every Ray worker process as it starts. Ray Train logs every ray.train.report call at INFO, from
+    every rank, through a logger named after its source file (not "ray.train"), which its LoggingConfig does
+    not reach: raise that logger's level."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
 def check_reachable(address: str) -> None:
@@ -47,42 +57,40 @@ def check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
-        raise SystemExit(f"error: no Ray cluster answers at --address {address} ({e}); start one with "
-                         f"`ray start --head` there, or leave --address out to start one on this machine")
+        raise fail(f"no Ray cluster answers at --address {address} ({e}); start one with `ray start --head` "
+                   f"there, or leave --address out to start one on this machine")
 
 
-def check_cluster_can_run(args) -> bool:
-    """Return use_gpu, after checking the cluster can ever hold the workers (Ray would wait forever)."""
+def check_cluster_and_choose_gpu(args) -> bool:
+    """Whether the workers use GPUs (--use-gpu, --no-gpu, else: if the cluster has any), after checking
+    that the cluster can ever hold them: Ray would otherwise wait forever for the resources."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     use_gpu = gpus > 0 if args.use_gpu is None else args.use_gpu
     if use_gpu and gpus == 0:
-        raise SystemExit("error: --use-gpu but this Ray cluster has no GPUs; drop --use-gpu to train on CPUs")
+        raise fail("--use-gpu but this Ray cluster has no GPUs; drop --use-gpu to train on CPUs")
     if use_gpu and args.num_workers > gpus:
-        raise SystemExit(f"error: --num-workers {args.num_workers} needs {args.num_workers} GPUs, the cluster has "
-                         f"{gpus}; use --num-workers {gpus} or fewer")
+        raise fail(f"--num-workers {args.num_workers} needs {args.num_workers} GPUs, the cluster has {gpus}; "
+                   f"use --num-workers {gpus} or fewer")
     if args.num_workers > cpus:
-        raise SystemExit(f"error: --num-workers {args.num_workers} needs {args.num_workers} CPUs, the cluster has "
-                         f"{cpus}; use --num-workers {cpus} or fewer")
-    per_rank_batch_size(args.batch_size, args.num_workers, TRAIN_SIZES[args.data])
+        raise fail(f"--num-workers {args.num_workers} needs {args.num_workers} CPUs, the cluster has {cpus}; "
+                   f"use --num-workers {cpus} or fewer")
     return use_gpu
 
 
-def run_name(step: str, storage: Path, resume: bool) -> str:
-    """A new run gets a fresh name; --resume reuses the newest run's name, which makes Ray restore it."""
-    if not resume:
+def run_name(step: str, args) -> str:
+    """A new run gets a fresh name; --resume reuses the newest run's name, which makes Ray restore it.
+    Checked here, on the driver, from the checkpoints' metadata: an error inside a worker would count as
+    a worker failure and be retried --max-failures times."""
+    if not args.resume:
         return f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    runs = sorted(p.name for p in storage.glob(f"{step}-*") if p.is_dir())
+    if "://" in args.checkpoint_dir:
+        raise fail(f"--resume finds the last run in a local or mounted --checkpoint-dir, not {args.checkpoint_dir}")
+    runs = sorted(p for p in Path(args.checkpoint_dir).glob(f"{step}-*") if p.is_dir())
     if not runs:
-        raise SystemExit(f"error: --resume but no {step} run in {storage}; run without --resume to start fresh")
-    return runs[-1]
-
-
-def check_resumable(storage: Path, run: str, preset: str) -> None:
-    """Check the run's checkpoints here, on the driver, from their metadata: an error inside a worker
-    would count as a worker failure and be retried --max-failures times."""
-    for path in (storage / run).glob("checkpoint_*/"):
-        saved = ray.train.Checkpoint(str(path)).get_metadata().get("model_preset")
-        if saved and saved != preset:
-            raise SystemExit(f"error: {path} holds a --model {saved} checkpoint, not {preset}; "
-                             f"pass --model {saved} or another --checkpoint-dir")
+        raise fail(f"--resume but no {step} run in {args.checkpoint_dir}; run without --resume to start fresh")
+    checkpoints = sorted(runs[-1].glob("checkpoint_*/"))
+    if checkpoints:
+        saved = ray.train.Checkpoint(str(checkpoints[-1])).get_metadata()
+        check_compatible(checkpoints[-1], saved["model_preset"], saved["epoch"], args)
+    return runs[-1].name

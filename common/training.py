@@ -1,46 +1,16 @@
-"""Everything the steps share that is not the distributed lesson: flags, the recipe, evaluation,
-meters and checkpoint files. Each step's training loop stays in its own script."""
-import argparse
+"""Everything the steps share that is not the distributed lesson: the recipe, evaluation, meters and
+checkpoint files. Each step's training loop stays in its own script."""
 import math
 import os
 import resource
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .data import DEFAULT_DATA_DIR, normalize
-from .model import PRESETS
-
-
-def make_parser(description: str, step: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=128, help="global batch size, split evenly over processes")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-epochs", type=float, default=1.0)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
-    p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"],
-                   help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
-    p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
-    return p
-
-
-def per_rank_batch_size(global_batch_size: int, world_size: int, train_size: int) -> int:
-    if global_batch_size % world_size:
-        raise SystemExit(f"error: --batch-size {global_batch_size} does not split evenly over {world_size} "
-                         f"processes; use a multiple of {world_size}")
-    if global_batch_size > train_size:
-        raise SystemExit(f"error: --batch-size {global_batch_size} is larger than the {train_size} training "
-                         f"images; use at most {train_size}")
-    return global_batch_size // world_size
+from .data import normalize
+from .errors import fail
 
 
 def make_optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.optim.AdamW:
@@ -111,6 +81,15 @@ def state_memory_mb(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
                                 if isinstance(v, torch.Tensor)))
 
 
+def gather_from_ranks(value) -> list:
+    """Every rank's value, in rank order; a list of one in a single process."""
+    if not dist.is_initialized():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def memory_table(memory_per_rank: list) -> str:
     """The per-rank memory report the Ray steps print at the end of a run."""
     lines = ["memory per rank (MB) | parameters | gradients | optimizer state | peak"]
@@ -133,11 +112,19 @@ def save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
 
 
-def load_checkpoint(path: Path, preset: str) -> dict:
+def load_checkpoint(path: Path, args) -> dict:
     if not path.exists():
-        raise SystemExit(f"error: --resume but no checkpoint at {path}; run without --resume to start fresh")
+        raise fail(f"--resume but no checkpoint at {path}; run without --resume to start fresh")
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if state["model_preset"] != preset:
-        raise SystemExit(f"error: {path} holds a --model {state['model_preset']} checkpoint, not {preset}; "
-                         f"pass --model {state['model_preset']} or another --checkpoint-dir")
+    check_compatible(path, state["model_preset"], state["epoch"] + 1, args)
     return state
+
+
+def check_compatible(path, preset: str, epochs_done: int, args) -> None:
+    """A checkpoint resumes only the same model, and only if epochs are left to train."""
+    if preset != args.model:
+        raise fail(f"{path} holds a --model {preset} checkpoint, not {args.model}; "
+                   f"pass --model {preset} or another --checkpoint-dir")
+    if epochs_done >= args.epochs:
+        raise fail(f"{path} has already trained {epochs_done} of --epochs {args.epochs}; "
+                   f"pass a larger --epochs to train on, or another --checkpoint-dir")

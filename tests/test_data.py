@@ -91,7 +91,8 @@ def test_validation_split_holds_out_the_last_training_images_and_never_the_test_
         images = np.random.default_rng(n).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
         data_module.write_cache(tmp_path / f"cifar10_{split}.npz", images, np.arange(n) % 10)
     full, val = load_data("cifar10", tmp_path), load_data("cifar10-val", tmp_path)
-    assert torch.equal(val.train_images, full.train_images[:45]) and torch.equal(val.test_images, full.train_images[45:])
+    assert torch.equal(val.train_images, full.train_images[:45])
+    assert torch.equal(val.test_images, full.train_images[45:])
     assert "45 train / 15 validation images" in val.description
 
 

@@ -1,5 +1,4 @@
 """Step 02: Ray Train DDP on a real two-node Ray cluster (on this machine), fault tolerance and resume."""
-import json
 
 import pytest
 import ray.train
@@ -50,7 +49,7 @@ def test_resume_with_another_preset_is_refused_before_training(ray_cluster, ray_
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--num-workers", "3"], "--num-workers 3 needs 3 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
+    (["--num-workers", "4"], "--num-workers 4 needs 4 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
     (["--use-gpu"], "--use-gpu but this Ray cluster has no GPUs; drop --use-gpu"),
     (["--batch-size", "33"], "--batch-size 33 does not split evenly over 2 processes"),
 ])

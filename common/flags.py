@@ -1,0 +1,100 @@
+"""Every step's flags, checked before any work starts.
+
+A bad value ends the run at once with one line on stderr that names the flag, the value and the fix,
+and exit code 2 (argparse's code for a bad flag). Under torchrun every rank parses the same flags:
+the first process alone prints, the others exit quietly with the same code.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from .data import DEFAULT_DATA_DIR, SYNTHETIC_SIZES, VALIDATION_SIZE, cache_exists
+from .errors import first_process
+from .model import PRESETS
+
+TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
+EVAL_SIZES = {"cifar10": 10_000, "cifar10-val": VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["test"]}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with one-line errors printed once, and every flag checked as soon as it is parsed."""
+
+    def error(self, message):
+        if first_process():
+            print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        check_flags(self, parsed)
+        return parsed
+
+
+def make_parser(description: str, step: str) -> Parser:
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=128, help="global batch size, split evenly over processes")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
+    p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
+                   help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
+    p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
+    p.add_argument("--fail-at-epoch", type=int, help="crash one process after this epoch's checkpoint (practice)")
+    p.set_defaults(launched=time.time())  # wall time and time to first step count from here
+    return p
+
+
+def check_flags(parser: Parser, args) -> None:
+    """Values in range, flags that agree with each other, folders that can be written: before any work."""
+    def value(flag: str):
+        return getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+
+    def bad(flag: str, rule: str):
+        parser.error(f"{flag} {value(flag)} {rule}")
+
+    for flag in ("--epochs", "--batch-size", "--steps-per-epoch", "--eval-images", "--num-workers"):
+        if value(flag) is not None and value(flag) < 1:
+            bad(flag, "must be at least 1")
+    for flag in ("--weight-decay", "--warmup-epochs", "--seed", "--max-failures"):
+        if value(flag) is not None and not value(flag) >= 0:
+            bad(flag, "must be 0 or more")
+    if not args.lr > 0:
+        bad("--lr", "must be greater than 0 (the recipe's is 2e-3)")
+    if not 0 <= args.label_smoothing < 1:
+        bad("--label-smoothing", "must be at least 0 and below 1 (the recipe's is 0.1)")
+    if args.warmup_epochs > args.epochs:
+        bad("--warmup-epochs", f"is longer than --epochs {args.epochs}; use at most {args.epochs}")
+    if args.fail_at_epoch is not None and not 1 <= args.fail_at_epoch <= args.epochs:
+        bad("--fail-at-epoch", f"must be between 1 and --epochs {args.epochs}")
+    if args.eval_images and args.eval_images > EVAL_SIZES[args.data]:
+        bad("--eval-images", f"is more than the {EVAL_SIZES[args.data]:,} evaluation images of --data {args.data}")
+    world_size = value("--num-workers") or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
+    if args.batch_size % world_size:
+        bad("--batch-size", f"does not split evenly over {world_size} processes; use a multiple of {world_size}")
+    if args.batch_size > TRAIN_SIZES[args.data]:
+        bad("--batch-size", f"is larger than the {TRAIN_SIZES[args.data]:,} training images; use at most that")
+    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # absolute: Ray's workers start elsewhere
+    if args.data != "synthetic" and not cache_exists(Path(args.data_dir)) and not can_create(args.data_dir):
+        bad("--data-dir", "has no CIFAR-10 cache and cannot be created to download one; pass a writable folder")
+    if "://" not in args.checkpoint_dir:  # a local path (Ray also takes URIs such as s3://bucket/runs)
+        args.checkpoint_dir = str(Path(args.checkpoint_dir).expanduser().resolve())
+        if not can_create(args.checkpoint_dir):
+            bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
+
+
+def can_create(folder: str) -> bool:
+    """The folder is writable, or could be made: its nearest existing ancestor is a writable folder."""
+    path = Path(folder)
+    while not path.exists():
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
