@@ -1,10 +1,11 @@
 """Step 03: sharding with one argument: prepare_model(model, parallel_strategy="fsdp").
 
-    python 03-ray-train-fsdp/train_ray_fsdp.py --num-workers 2 --use-gpu --model base --epochs 1
+    python 03-ray-train-fsdp/train_ray_fsdp.py --num-workers 2 --model tiny --epochs 1
 
 Ray's "fsdp" strategy wraps the model in PyTorch's FullyShardedDataParallel (FSDP1): each transformer
-block is sharded over the workers and gathered only while it runs. FSDP1 needs CUDA GPUs; on a machine
-without them this script stops at once and points to step 04 (FSDP2), which also runs on CPUs.
+block is sharded over the workers and gathered only while it runs. On GPUs that is the one argument.
+On CPUs Ray's prepare_model refuses "fsdp" (Ray's own check: PyTorch's FSDP1 trains on CPUs with gloo),
+so the script wraps the model itself, with the same arguments; its first line says which way it took.
 """
 import argparse
 import itertools
@@ -21,41 +22,39 @@ import torch
 import torch.distributed as dist
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
-from common import (TRANSFORMER_BLOCK, augment_batch, build_model, count_params, epoch_line, evaluate,
-                    load_checkpoint, load_data, make_optimizer, make_parser, make_scheduler, memory_table,
-                    peak_memory_mb, per_rank_batch_size, save_checkpoint, state_memory_mb)
-from common.ray_setup import add_ray_flags, check_cluster_can_run, check_resumable, run_name, start_ray
+from common import build_model, count_params, load_data, make_parser
+from common import augment_batch, evaluate, make_optimizer, make_scheduler
+from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import load_checkpoint, save_checkpoint
+from common.model import TRANSFORMER_BLOCK
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
 
 STEP = "ray_fsdp"
-LAUNCHED = time.time()
 
 
 def main():
-    parser = make_parser(__doc__, STEP)
-    parser.add_argument("--fail-at-epoch", type=int, help="crash a worker after this epoch's checkpoint (once)")
-    add_ray_flags(parser)
+    parser = add_ray_flags(make_parser(__doc__, STEP))
     args = parser.parse_args()
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
+    if args.num_workers < 2:  # with one worker prepare_model would not wrap the model at all
+        parser.error(f"--num-workers {args.num_workers} is too few: sharding needs 2 or more workers")
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
+    name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
     start_ray(args.address)
-    use_gpu = check_cluster_can_run(args)
-    if not use_gpu or args.num_workers < 2:
-        raise SystemExit("error: step 03 shards with PyTorch's FSDP1, which needs 2 or more CUDA GPUs "
-                         "(--use-gpu --num-workers 2); on CPUs run step 04, FSDP2, instead")
-    storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
-    name = run_name(STEP, storage, args.resume)
-    check_resumable(storage, name, args.model)
+    use_gpu = check_cluster_and_choose_gpu(args)
+    print("FSDP1: " + ('prepare_model(parallel_strategy="fsdp") on GPUs' if use_gpu else
+                       "on CPUs, FullyShardedDataParallel by hand: Ray's prepare_model refuses fsdp without CUDA"))
     trainer = TorchTrainer(
         train_func,
-        train_loop_config=dict(vars(args), launched=LAUNCHED),
+        train_loop_config=vars(args),
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(
-            name=name, storage_path=str(storage),
+            name=name, storage_path=args.checkpoint_dir,  # an absolute path, or a URI such as s3://bucket/runs
             failure_config=FailureConfig(max_failures=args.max_failures),
             logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
@@ -65,7 +64,7 @@ def main():
     print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
           f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
     print(memory_table(result.metrics["summary"]["memory_per_rank"]))
-    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - LAUNCHED)))
+    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
 
 
 def train_func(config):
@@ -80,7 +79,7 @@ def train_func(config):
 def train(args, rank, world_size, master_process, device):
 
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
     train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
@@ -97,16 +96,21 @@ def train(args, rank, world_size, master_process, device):
     torch.manual_seed(args.seed)
     model = build_model(args.model)
     params = count_params(model)
-    # Moves the model to this worker's device and shards it: one FSDP unit per transformer block, so a
-    # block's full weights exist only while it runs, in forward and in backward.
-    model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs=dict(
-        auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}), use_orig_params=True))
-    full_state = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)  # the whole model, on rank 0's CPU
+    # Shards the model: one FSDP unit per transformer block, so a block's full weights exist only while
+    # it runs, in forward and in backward.
+    fsdp = dict(auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}), use_orig_params=True)
+    if device.type == "cuda":  # also moves the model to this worker's GPU
+        model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs=fsdp)
+    else:  # what prepare_model does on GPUs; it refuses CPUs, though PyTorch's FSDP1 trains there (gloo)
+        model = FullyShardedDataParallel(model, device_id=device, **fsdp)
+    # Checkpoints hold the whole model and optimizer state, gathered to rank 0's RAM (cpu_offload). On CPUs every
+    # rank gets a copy instead: there PyTorch 2.14's cpu_offload returns every optimizer state as a view of one
+    # reused buffer, so exp_avg would be saved holding exp_avg_sq.
+    gather = StateDictOptions(full_state_dict=True, cpu_offload=device.type == "cuda")
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = [None] * world_size
-    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    nodes = gather_from_ranks(ray.get_runtime_context().get_node_id())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
               f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
@@ -115,11 +119,10 @@ def train(args, rank, world_size, master_process, device):
     # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
     if checkpoint := ray.train.get_checkpoint():
         with checkpoint.as_directory() as checkpoint_dir:
-            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args.model)
-        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT):
-            model.load_state_dict(state["model"])  # each rank keeps its own shard of the full weights
-            optimizer.load_state_dict(FullyShardedDataParallel.optim_state_dict_to_load(
-                model, optimizer, state["optimizer"]))
+            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args)
+        # Every rank reads the full state and keeps its own shard of it.
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
         scheduler.load_state_dict(state["scheduler"])
         start_epoch, history = state["epoch"] + 1, state["history"]
         if master_process:
@@ -150,17 +153,17 @@ def train(args, rank, world_size, master_process, device):
         images_trained += steps_per_epoch * args.batch_size
         state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
 
-        result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
-        dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
-        correct, counted = result.tolist()
+        tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
+        correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
                             epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = [None] * world_size
-        dist.all_gather_object(memory, dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # Ray keeps rank 0's metrics only: everything in them was reduced over ranks above.
+        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # The run so far, as the last line of output will report it. Ray keeps rank 0's metrics only:
+        # everything in them was reduced or gathered over ranks above.
         summary = dict(
             step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
             epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
@@ -168,10 +171,8 @@ def train(args, rank, world_size, master_process, device):
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
-        # Gathering the full state is a collective: every rank takes part, rank 0 alone receives it.
-        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, full_state):
-            model_state = model.state_dict()
-            optimizer_state = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+        # Gathering the full state is a collective: every rank takes part.
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=gather)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if master_process:

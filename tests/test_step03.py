@@ -1,25 +1,73 @@
-"""Step 03: FSDP through prepare_model(parallel_strategy="fsdp"). FSDP1 needs CUDA GPUs, so on CPU the
-tests check the lesson's size and the one-line refusal; the training path itself runs on GPUs only."""
-import subprocess
+"""Step 03: FSDP1 on a two-node Ray cluster of CPUs (gloo). Ray's prepare_model refuses "fsdp" without CUDA,
+so on CPUs the script wraps the model in FullyShardedDataParallel itself, as prepare_model does on GPUs."""
+import pytest
+import torch
 
-from conftest import ROOT, SMOKE, python
+from common import build_model, evaluate, load_data
+from conftest import (assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_weights,
+                      ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
-# The strategy argument, the auto-wrap policy, gathering/scattering full state dicts for checkpoints, the
-# GPU check and the docstring: nothing else may differ from step 02. README.md quotes the count.
-MAX_CHANGED_LINES = 43
 
 
-def test_step02_to_step03_diff_is_only_the_fsdp_lesson():
-    diff = subprocess.run(["diff", "-u", "02-ray-train-ddp/train_ray_ddp.py", RAY_FSDP], cwd=ROOT,
-                          capture_output=True, text=True).stdout
-    changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    assert len(changed) <= MAX_CHANGED_LINES, "\n".join(changed)
-    assert 'parallel_strategy="fsdp"' in diff and "ModuleWrapPolicy({TRANSFORMER_BLOCK})" in diff
+@pytest.fixture(scope="module")
+def fsdp1_run(ray_cluster, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("fsdp1")
+    result = ray_script(RAY_FSDP, ray_cluster, storage)
+    return final_json(result), storage, result
 
 
-def test_without_gpus_it_stops_at_once_and_points_to_step_04(ray_cluster, tmp_path):
-    result = python(RAY_FSDP, *SMOKE, "--num-workers", "2", "--address", ray_cluster,
-                    "--checkpoint-dir", str(tmp_path), timeout=60)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "needs 2 or more CUDA GPUs" in result.stderr and "run step 04" in result.stderr
+def test_fsdp1_trains_on_cpus_and_says_how_it_wrapped_the_model(fsdp1_run):
+    summary, _, result = fsdp1_run
+    assert_sane_summary(summary, "ray_fsdp", world_size=2)
+    assert summary["nodes"] == 2 and summary["device"] == "cpu"
+    assert result.stdout.splitlines()[0] == ("FSDP1: on CPUs, FullyShardedDataParallel by hand: "
+                                             "Ray's prepare_model refuses fsdp without CUDA")
+
+
+def test_fsdp1_holds_half_the_state_per_rank(fsdp1_run):
+    summary = fsdp1_run[0]
+    full_mb = summary["params"] * 4 / 2**20
+    memory = summary["memory_per_rank"]
+    # Each rank's slice of FSDP1's flat parameters: the two add up to the model, neither holds much more than half.
+    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
+        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3)
+        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb
+
+
+def test_fsdp1_equals_ddp_with_the_same_seed_and_global_batch(fsdp1_run, ray_run):
+    fsdp1, ddp = fsdp1_run[0], ray_run[0]
+    assert [h["test_accuracy"] for h in fsdp1["history"]] == [h["test_accuracy"] for h in ddp["history"]]
+    assert [h["train_loss"] for h in fsdp1["history"]] == pytest.approx([h["train_loss"] for h in ddp["history"]])
+    assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])),
+                        load_weights(latest_ray_checkpoint(fsdp1_run[1])), atol=1e-5)
+
+
+def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
+    model = build_model("tiny")
+    model.load_state_dict(load_weights(latest_ray_checkpoint(fsdp1_run[1])))  # plain keys: no FSDP prefixes
+    data = load_data("synthetic", "")
+    correct, counted = evaluate(model, data.test_images, data.test_labels, torch.device("cpu")).tolist()
+    assert correct / counted == fsdp1_run[0]["test_accuracy"]
+
+
+def test_crashed_worker_restarts_from_the_last_checkpoint(ray_cluster, fsdp1_run, tmp_path):
+    result = ray_script(RAY_FSDP, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
+    assert [h["epoch"] for h in final_json(result)["history"]] == [1, 2] and "after epoch 1" in result.stdout
+    uninterrupted = load_weights(latest_ray_checkpoint(fsdp1_run[1]))
+    assert_same_weights(uninterrupted, load_weights(latest_ray_checkpoint(tmp_path)))
+
+
+def test_resume_equals_uninterrupted(ray_cluster, fsdp1_run, tmp_path):
+    crashed = ray_script(RAY_FSDP, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
+    assert crashed.returncode != 0
+    resumed = ray_script(RAY_FSDP, ray_cluster, tmp_path, "--resume")
+    assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2] and "after epoch 1" in resumed.stdout
+    uninterrupted = load_weights(latest_ray_checkpoint(fsdp1_run[1]))
+    assert_same_weights(uninterrupted, load_weights(latest_ray_checkpoint(tmp_path)))
+
+
+def test_one_worker_is_refused_in_one_line(tmp_path):
+    result = ray_script(RAY_FSDP, "127.0.0.1:9", tmp_path, "--num-workers", "1", timeout=60)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: --num-workers 1 is too few: sharding needs 2 or more workers"]
