@@ -8,8 +8,9 @@ weights exist only while it runs (all-gathered just before, freed just after), a
 reduce-scattered so each rank updates only its own shard. It runs on CPUs (gloo) as well as GPUs.
 --mixed-precision computes in bf16 while the sharded weights and the gradient reduction stay fp32;
 --cpu-offload keeps the shards and the optimizer step in host memory. Checkpoints are sharded
-(torch.distributed.checkpoint: every rank writes its part) and load at any number of workers; the
-last one also holds the full model, unsharded, for inference on one device.
+(torch.distributed.checkpoint: every rank writes its part of one AppState, which holds the model,
+optimizer, scheduler, epoch and history) and load at any number of workers; the last one also holds
+the full model, unsharded, for inference on one device.
 """
 import argparse
 import itertools
@@ -35,37 +36,33 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
-from common import (TRANSFORMER_BLOCK, augment_batch, build_model, count_params, epoch_line, evaluate, load_checkpoint, load_data,
-                    make_optimizer, make_parser, make_scheduler, memory_table, peak_memory_mb, per_rank_batch_size,
-                    save_checkpoint, state_memory_mb)
-from common.ray_setup import add_ray_flags, check_cluster_can_run, check_resumable, run_name, start_ray
+from common import build_model, count_params, load_data, make_parser
+from common import augment_batch, evaluate, make_optimizer, make_scheduler
+from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import save_checkpoint
+from common.model import TRANSFORMER_BLOCK
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
 
 STEP = "ray_fsdp2"
-LAUNCHED = time.time()
 
 
 def main():
-    parser = make_parser(__doc__, STEP)
-    parser.add_argument("--fail-at-epoch", type=int, help="crash a worker after this epoch's checkpoint (once)")
-    add_ray_flags(parser)
+    parser = add_ray_flags(make_parser(__doc__, STEP))
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 weights and reductions")
     parser.add_argument("--cpu-offload", action="store_true", help="keep shards and optimizer state in host memory")
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free each block's gathered weights after forward (less memory, one more all-gather)")
     args = parser.parse_args()
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # workers do not start in this folder
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
+    name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
     start_ray(args.address)
-    use_gpu = check_cluster_can_run(args)
-    storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
-    name = run_name(STEP, storage, args.resume)
-    check_resumable(storage, name, args.model)
+    use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,
-        train_loop_config=dict(vars(args), launched=LAUNCHED),
+        train_loop_config=vars(args),
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(
-            name=name, storage_path=str(storage),
+            name=name, storage_path=args.checkpoint_dir,  # an absolute path, or a URI such as s3://bucket/runs
             failure_config=FailureConfig(max_failures=args.max_failures),
             logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
@@ -75,7 +72,7 @@ def main():
     print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
           f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
     print(memory_table(result.metrics["summary"]["memory_per_rank"]))
-    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - LAUNCHED)))
+    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
 
 
 def train_func(config):
@@ -90,7 +87,7 @@ def train_func(config):
 def train(args, rank, world_size, master_process, device):
 
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = per_rank_batch_size(args.batch_size, world_size, len(data.train_labels))
+    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
     train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
@@ -112,8 +109,7 @@ def train(args, rank, world_size, master_process, device):
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = [None] * world_size
-    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
+    nodes = gather_from_ranks(ray.get_runtime_context().get_node_id())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
               f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
@@ -121,12 +117,10 @@ def train(args, rank, world_size, master_process, device):
     start_epoch, history = 0, []
     # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
     if checkpoint := ray.train.get_checkpoint():
+        state = AppState(model, optimizer, scheduler)
         with checkpoint.as_directory() as checkpoint_dir:
-            state = load_checkpoint(Path(checkpoint_dir) / "trainer_state.pt", args.model)
-            # Every rank reads the slices it needs, whatever the number of workers that wrote them.
-            dcp.load({"app": ShardedState(model, optimizer)}, checkpoint_id=checkpoint_dir)
-        scheduler.load_state_dict(state["scheduler"])
-        start_epoch, history = state["epoch"] + 1, state["history"]
+            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)  # each rank reads the slices it needs
+        start_epoch, history = state.epoch + 1, state.history
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
@@ -140,7 +134,8 @@ def train(args, rank, world_size, master_process, device):
         for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
                                         leave=False, disable=not master_process):
             images = augment_batch(images, ids, epoch, args.seed)  # already on the device: Ray moved them
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and not args.mixed_precision):
+            with torch.autocast(device.type, dtype=torch.bfloat16,
+                                enabled=device.type == "cuda" and not args.mixed_precision):
                 loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -155,17 +150,17 @@ def train(args, rank, world_size, master_process, device):
         images_trained += steps_per_epoch * args.batch_size
         state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
 
-        result = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
-        dist.all_reduce(result)  # each rank scored a disjoint shard of the test set
-        correct, counted = result.tolist()
+        tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
+        correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
                             epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = [None] * world_size
-        dist.all_gather_object(memory, dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # Ray keeps rank 0's metrics only: everything in them was reduced over ranks above.
+        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # The run so far, as the last line of output will report it. Ray keeps rank 0's metrics only:
+        # everything in them was reduced or gathered over ranks above.
         summary = dict(
             step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
             epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
@@ -175,20 +170,11 @@ def train(args, rank, world_size, master_process, device):
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one checkpoint.
-            dcp.save({"app": ShardedState(model, optimizer)}, checkpoint_id=checkpoint_dir)
-            if epoch + 1 == args.epochs:  # the whole model, gathered once, for inference on one device
-                # Training is over and saved: drop gradients and optimizer state first, so that rank 0
-                # holds its shard plus one full copy, not the training state plus one full copy.
-                optimizer.zero_grad(set_to_none=True)
-                optimizer.state.clear()
-                full_model = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                                  cpu_offload=True))
+            dcp.save({"app": AppState(model, optimizer, scheduler, epoch, history)}, checkpoint_id=checkpoint_dir)
+            if epoch + 1 == args.epochs:
+                save_model_for_inference(model, optimizer, Path(checkpoint_dir) / "model.pt")
             checkpoint = Checkpoint.from_directory(checkpoint_dir)
             if master_process:
-                save_checkpoint(Path(checkpoint_dir) / "trainer_state.pt", dict(
-                    scheduler=scheduler.state_dict(), epoch=epoch, history=history, model_preset=args.model))
-                if epoch + 1 == args.epochs:
-                    torch.save(full_model, Path(checkpoint_dir) / "model.pt")
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
             # A barrier: every rank must call report, and equally often. Ray copies the checkpoint to storage.
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
@@ -224,28 +210,46 @@ def load_initial_weights(model, args, device) -> None:
     """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks one
     tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while this runs."""
     model.to_empty(device="cpu" if args.cpu_offload else device)  # allocates this rank's shards
-    full_state = {}
+    seeded_weights = {}
     if dist.get_rank() == 0:
         torch.manual_seed(args.seed)
-        full_state = build_model(args.model).state_dict()
-    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True,
-                                                                     broadcast_from_rank0=True))
+        seeded_weights = build_model(args.model).state_dict()
+    set_model_state_dict(model, seeded_weights, options=StateDictOptions(full_state_dict=True,
+                                                                         broadcast_from_rank0=True))
 
 
-class ShardedState(Stateful):
-    """What torch.distributed.checkpoint saves and loads: this rank's slices of the model and optimizer
-    state, keyed by parameter name, which is what lets a checkpoint load at another world size."""
+def save_model_for_inference(model, optimizer, path: Path) -> None:
+    """The whole model, gathered once after the last epoch, for one device: a plain state dict that loads
+    into build_model(). Training is over and saved, so gradients and optimizer state go first: rank 0
+    then holds its shard plus one full copy, not the training state plus one full copy."""
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.state.clear()
+    # A collective: every rank sends its slices, rank 0 receives the whole model (cpu_offload: in host memory).
+    full_weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        save_checkpoint(path, full_weights)
 
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
+
+class AppState(Stateful):
+    """The one thing torch.distributed.checkpoint saves and loads: this rank's slices of the model and
+    optimizer state, keyed by parameter name (which lets a checkpoint load at another world size), and
+    the scheduler, epoch and history, the same on every rank."""
+
+    def __init__(self, model, optimizer, scheduler, epoch=-1, history=()):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.epoch, self.history = epoch, list(history)
 
     def state_dict(self):
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optimizer": optimizer_state}
+        # history as one JSON string: DCP would flatten a list into keys that a fresh run cannot name
+        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
+                "epoch": self.epoch, "history": json.dumps(self.history)}
 
     def load_state_dict(self, state):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.history = state["epoch"], json.loads(state["history"])
 
 
 if __name__ == "__main__":
