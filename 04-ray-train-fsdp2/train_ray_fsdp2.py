@@ -3,14 +3,10 @@
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --model tiny --epochs 1
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --model giant --mixed-precision --cpu-offload
 
-fully_shard (PyTorch's FSDP2) is applied to each transformer block, then to the root: a block's full
-weights exist only while it runs (all-gathered just before, freed just after), and gradients are
-reduce-scattered so each rank updates only its own shard. It runs on CPUs (gloo) as well as GPUs.
---mixed-precision computes in bf16 while the sharded weights and the gradient reduction stay fp32;
---cpu-offload keeps the shards and the optimizer step in host memory. Checkpoints are sharded
-(torch.distributed.checkpoint: every rank writes its part of one AppState, which holds the model,
-optimizer, scheduler, epoch and history) and load at any number of workers; the last one also holds
-the full model, unsharded, for inference on one device.
+fully_shard (PyTorch's FSDP2) shards each transformer block, then the root, on CPUs (gloo) or GPUs: a
+block's full weights exist only while it runs; each rank updates only its own shard. Checkpoints are
+sharded (torch.distributed.checkpoint: every rank writes its slices of one AppState) and load at any
+number of workers; the last also holds the full model for one device.
 """
 import argparse
 import itertools
@@ -39,20 +35,15 @@ from tqdm import tqdm
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
-from common import save_checkpoint
 from common.model import TRANSFORMER_BLOCK
+from common.flags import add_fsdp2_flags
 from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
 
 STEP = "ray_fsdp2"
 
 
 def main():
-    parser = add_ray_flags(make_parser(__doc__, STEP))
-    parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 weights and reductions")
-    parser.add_argument("--cpu-offload", action="store_true", help="keep shards and optimizer state in host memory")
-    parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
-                        help="free each block's gathered weights after forward (less memory, one more all-gather)")
-    args = parser.parse_args()
+    args = add_fsdp2_flags(add_ray_flags(make_parser(__doc__, STEP))).parse_args()
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
     name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
     start_ray(args.address)
@@ -134,8 +125,7 @@ def train(args, rank, world_size, master_process, device):
         for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
                                         leave=False, disable=not master_process):
             images = augment_batch(images, ids, epoch, args.seed)  # already on the device: Ray moved them
-            with torch.autocast(device.type, dtype=torch.bfloat16,
-                                enabled=device.type == "cuda" and not args.mixed_precision):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -188,8 +178,6 @@ def train(args, rank, world_size, master_process, device):
 def shard_model(model, args, device) -> None:
     """FSDP2, torchtitan style: each transformer block is one unit, gathered just before it runs and
     resharded after; then the root, which keeps what is left (embeddings, final norm, head)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policies = {}
     if args.mixed_precision:
@@ -210,34 +198,30 @@ def load_initial_weights(model, args, device) -> None:
     """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks one
     tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while this runs."""
     model.to_empty(device="cpu" if args.cpu_offload else device)  # allocates this rank's shards
-    seeded_weights = {}
+    weights = {}
     if dist.get_rank() == 0:
         torch.manual_seed(args.seed)
-        seeded_weights = build_model(args.model).state_dict()
-    set_model_state_dict(model, seeded_weights, options=StateDictOptions(full_state_dict=True,
-                                                                         broadcast_from_rank0=True))
+        weights = build_model(args.model).state_dict()
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 def save_model_for_inference(model, optimizer, path: Path) -> None:
-    """The whole model, gathered once after the last epoch, for one device: a plain state dict that loads
-    into build_model(). Training is over and saved, so gradients and optimizer state go first: rank 0
-    then holds its shard plus one full copy, not the training state plus one full copy."""
+    """The whole model, for build_model() on one device. Training is over and saved: its state goes first."""
     optimizer.zero_grad(set_to_none=True)
-    optimizer.state.clear()
-    # A collective: every rank sends its slices, rank 0 receives the whole model (cpu_offload: in host memory).
+    optimizer.state.clear()  # so rank 0 holds its shard and one full copy, not the training state as well
+    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in host memory).
     full_weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
-        save_checkpoint(path, full_weights)
+        torch.save(full_weights, path)
 
 
 class AppState(Stateful):
-    """The one thing torch.distributed.checkpoint saves and loads: this rank's slices of the model and
-    optimizer state, keyed by parameter name (which lets a checkpoint load at another world size), and
-    the scheduler, epoch and history, the same on every rank."""
+    """All that torch.distributed.checkpoint saves: this rank's slices of model and optimizer state, keyed
+    by parameter name (so they load at any world size), and the scheduler, epoch and history."""
 
     def __init__(self, model, optimizer, scheduler, epoch=-1, history=()):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.epoch, self.history = epoch, list(history)
+        self.epoch, self.history = epoch, history
 
     def state_dict(self):
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)

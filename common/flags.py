@@ -54,6 +54,15 @@ def make_parser(description: str, step: str) -> Parser:
     return p
 
 
+def add_fsdp2_flags(parser: Parser) -> Parser:
+    """Step 04's own flags (FSDP2's mixed precision, CPU offload and resharding), added to the others."""
+    parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 weights and reductions")
+    parser.add_argument("--cpu-offload", action="store_true", help="keep shards and optimizer state in host memory")
+    parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                        help="free each block's gathered weights after forward (less memory, one more all-gather)")
+    return parser
+
+
 def check_flags(parser: Parser, args) -> None:
     """Values in range, flags that agree with each other, folders that can be written: before any work."""
     def value(flag: str):
