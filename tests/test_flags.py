@@ -1,0 +1,73 @@
+"""Every flag of every step is checked as soon as it is parsed: a bad value ends the run before any work,
+with one line on stderr that names the flag, the value and the fix, and exit code 2 (argparse's)."""
+import sys
+
+import pytest
+
+from conftest import load_script
+
+SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
+           "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
+           "03-ray-train-fsdp/train_ray_fsdp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py"]
+RAY_SCRIPTS = SCRIPTS[2:]
+
+# (flags, the one line expected on stderr); {file} is a regular file, so nothing can be created under it.
+EVERY_STEP = [
+    (["--epochs", "0"], "error: --epochs 0 must be at least 1"),
+    (["--batch-size", "0"], "error: --batch-size 0 must be at least 1"),
+    (["--steps-per-epoch", "-3"], "error: --steps-per-epoch -3 must be at least 1"),
+    (["--eval-images", "0"], "error: --eval-images 0 must be at least 1"),
+    (["--lr", "-0.1"], "error: --lr -0.1 must be greater than 0 (the recipe's is 2e-3)"),
+    (["--lr", "nan"], "error: --lr nan must be greater than 0 (the recipe's is 2e-3)"),
+    (["--weight-decay", "-1"], "error: --weight-decay -1.0 must be 0 or more"),
+    (["--seed", "-1"], "error: --seed -1 must be 0 or more"),
+    (["--label-smoothing", "1"], "error: --label-smoothing 1.0 must be at least 0 and below 1 (the recipe's is 0.1)"),
+    (["--epochs", "2", "--warmup-epochs", "3"], "error: --warmup-epochs 3.0 is longer than --epochs 2; use at most 2"),
+    (["--epochs", "2", "--fail-at-epoch", "3"], "error: --fail-at-epoch 3 must be between 1 and --epochs 2"),
+    (["--data", "synthetic", "--eval-images", "5000"],
+     "error: --eval-images 5000 is more than the 1,024 evaluation images of --data synthetic"),
+    (["--data", "synthetic", "--batch-size", "8192"],
+     "error: --batch-size 8192 is larger than the 4,096 training images; use at most that"),
+    (["--checkpoint-dir", "{file}/checkpoints"],
+     "error: --checkpoint-dir {file}/checkpoints cannot be created or written; pass a writable folder"),
+    (["--data", "cifar10", "--data-dir", "{file}/cifar10"], "error: --data-dir {file}/cifar10 has no CIFAR-10 cache "
+     "and cannot be created to download one; pass a writable folder"),
+    (["--model", "enormous"], "error: argument --model: invalid choice: 'enormous' (choose from 'tiny', 'small', "
+     "'base', 'large', 'huge', 'giant')"),
+]
+RAY_ONLY = [
+    (["--num-workers", "0"], "error: --num-workers 0 must be at least 1"),
+    (["--max-failures", "-1"], "error: --max-failures -1 must be 0 or more"),
+    (["--num-workers", "3", "--batch-size", "32"],
+     "error: --batch-size 32 does not split evenly over 3 processes; use a multiple of 3"),
+]
+CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
+    (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY]
+
+
+def run_main(script, flags, capsys, monkeypatch):
+    """The script's main() in this process, as the command line would run it; returns (exit code, stderr lines)."""
+    monkeypatch.setattr(sys, "argv", [script, *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(script).main()
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("script, flags, message", CASES,
+                         ids=[f"{s.split('/')[-1]}:{' '.join(f)}" for s, f, _ in CASES])
+def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, message, tmp_path, capsys,
+                                                                 monkeypatch):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    flags = [f.replace("{file}", str(file)) for f in flags]
+    code, stderr = run_main(script, flags, capsys, monkeypatch)
+    assert (code, stderr) == (2, [message.replace("{file}", str(file))])
+
+
+def test_under_torchrun_only_rank_0_prints_the_error(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert run_main(SCRIPTS[1], ["--batch-size", "33"], capsys, monkeypatch) == (2, [])
+    monkeypatch.setenv("RANK", "0")
+    assert run_main(SCRIPTS[1], ["--batch-size", "33"], capsys, monkeypatch) == (
+        2, ["error: --batch-size 33 does not split evenly over 2 processes; use a multiple of 2"])
