@@ -37,7 +37,7 @@ from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
 from common.model import TRANSFORMER_BLOCK
 from common.flags import add_fsdp2_flags
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, quiet_report_logs, run_name, start_ray
 
 STEP = "ray_fsdp2"
 
@@ -68,6 +68,7 @@ def main():
 
 def train_func(config):
     """Runs in every worker. Ray has already started the process group and chosen the device."""
+    quiet_report_logs()
     args = argparse.Namespace(**config)
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -149,8 +150,7 @@ def train(args, rank, world_size, master_process, device):
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
         memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # The run so far, as the last line of output will report it. Ray keeps rank 0's metrics only:
-        # everything in them was reduced or gathered over ranks above.
+        # The run so far, as the last line of output will report it.
         summary = dict(
             step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
             epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
@@ -166,12 +166,13 @@ def train(args, rank, world_size, master_process, device):
             checkpoint = Checkpoint.from_directory(checkpoint_dir)
             if master_process:
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
-            # A barrier: every rank must call report, and equally often. Ray copies the checkpoint to storage.
+            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint to storage.
+            # A barrier: every rank must call report, and equally often.
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
-            # Ray's controller registers a reported checkpoint when it next polls the workers (every 2 s):
-            # crash later than that, or Ray restarts from the checkpoint before.
-            time.sleep(5)
+            # Ray's controller registers a reported checkpoint when it next polls the workers: crash well after
+            # that, or Ray restarts from the checkpoint before.
+            time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
             os._exit(1)  # a hard crash, not an exception: Ray notices, restarts the group from the checkpoint
 
 

@@ -12,6 +12,8 @@ import ray.train
 from .errors import fail
 from .training import check_compatible
 
+POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see start_ray)
+
 
 def add_ray_flags(parser):
     """The Ray steps' own flags, added to make_parser's; returns the parser."""
@@ -35,18 +37,18 @@ def start_ray(address: str | None) -> None:
     import common
 
     # Ray Train copies every print in a worker into its own logger too, which echoes it on stderr: each
-    # line would show twice. Ray hands this variable on to its controller and workers.
+    # line would show twice. Ray hands these variables on to its controller and workers.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    # Every ray.train.report waits for the controller's next poll of the workers: every 2 s by default.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
     ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
              logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
-             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"},
-                          "worker_process_setup_hook": quiet_train_worker_reports})
+             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
 
 
-def quiet_train_worker_reports() -> None:
-    """Runs in every Ray worker process as it starts. Ray Train logs every ray.train.report call at INFO, from
-    every rank, through a logger named after its source file (not "ray.train"), which its LoggingConfig does
-    not reach: raise that logger's level."""
+def quiet_report_logs() -> None:
+    """Call in each worker. Ray Train logs every ray.train.report at INFO, from every rank, through a logger
+    named after its source file (not "ray.train"), which its LoggingConfig does not reach."""
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)

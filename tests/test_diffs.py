@@ -10,7 +10,7 @@ from conftest import ROOT
 DESIGNED_PAIRS = [
     ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 57,
      "+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == \"cuda\" else None)"),
-    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 123,
+    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 122,
      "+    model = ray.train.torch.prepare_model(model)"),
     ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", 88,
      "+        datasets={\"train\": train_dataset(data, args.seed)},"),
