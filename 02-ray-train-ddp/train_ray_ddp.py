@@ -68,7 +68,9 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or Ray and its
+    # workers), loading the data, building the model. The summary reports them as seconds from launch.
+    startup = dict(launcher=time.time())
     data = load_data(args.data, args.data_dir, args.eval_images)
     batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
@@ -83,6 +85,7 @@ def train(args, rank, world_size, master_process, device):
     # repeated images, and only with more than one worker: we hand it ours, which it keeps.
     train_loader = ray.train.torch.prepare_data_loader(train_loader)
     steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    startup["data"] = time.time()
 
     torch.manual_seed(args.seed)
     model = build_model(args.model)
@@ -110,6 +113,7 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
+    startup["model"] = time.time()
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
@@ -151,6 +155,7 @@ def train(args, rank, world_size, master_process, device):
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
+            startup_s={phase: t - args.launched for phase, t in startup.items()},
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None

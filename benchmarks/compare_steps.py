@@ -51,7 +51,9 @@ class Run:
     skipped: str | None = None
     status: str = "not run"
     summary: dict | None = None
+    env: dict = field(default_factory=dict)
     launch_to_first_step_s: float | None = None
+    imports_s: float | None = None
     error: str | None = None
 
 
@@ -74,8 +76,10 @@ def main():
         address = args.address or (memory_cluster if run.section == "memory" else None)
         execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
         print(outcome_line(run), flush=True)
+    ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
+                                             and not args.address for r in runs) else None
     results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   date=time.strftime("%Y-%m-%d"), runs=[vars(r) for r in runs])
+                   date=time.strftime("%Y-%m-%d"), ray_start_s=ray_start_s, runs=[vars(r) for r in runs])
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(results_markdown(results))
     plots = write_plots(runs, out)
@@ -106,13 +110,12 @@ def plan_step_runs(args) -> list:
     n, gpus = args.num_workers, torch.cuda.device_count()
     runs = [Run("single_machine", "steps", "single_machine", 1), Run("ddp", "steps", "ddp", n),
             Run("ray_ddp_1_worker", "steps", "ray_ddp", 1), Run("ray_ddp", "steps", "ray_ddp", n),
+            Run("ray_ddp_poll_2s", "steps", "ray_ddp", n, env={"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2.0"}),
             Run("ray_ddp_data", "steps", "ray_ddp_data", n), Run("ray_fsdp", "steps", "ray_fsdp", n),
             Run("ray_fsdp2", "steps", "ray_fsdp2", n),
             Run("ray_fsdp2_mp_offload", "steps", "ray_fsdp2", n, ["--mixed-precision", "--cpu-offload"])]
     for run in runs:
-        if run.step == "ray_fsdp" and gpus < n:
-            run.skipped = f"FSDP1 needs CUDA: {n} GPUs, this machine has {gpus}"
-        elif gpus and run.workers > gpus:
+        if gpus and run.workers > gpus:
             run.skipped = f"{run.workers} processes need {run.workers} GPUs, this machine has {gpus}"
         elif run.workers > (os.cpu_count() or 1) and not gpus:
             run.skipped = f"{run.workers} processes need {run.workers} CPU cores, this machine has {os.cpu_count()}"
@@ -129,8 +132,11 @@ def plan_memory_runs(args) -> list:
         os.sysconf("SC_PHYS_PAGES")
     runs = []
     for n in args.memory_workers:
-        for name, step, flags in [(f"memory_ddp_n{n}", "ray_ddp", []), (f"memory_fsdp2_n{n}", "ray_fsdp2", []),
+        for name, step, flags in [(f"memory_ddp_n{n}", "ray_ddp", []), (f"memory_fsdp1_n{n}", "ray_fsdp", []),
+                                  (f"memory_fsdp2_n{n}", "ray_fsdp2", []),
                                   (f"memory_fsdp2_offload_n{n}", "ray_fsdp2", ["--cpu-offload"])]:
+            if step == "ray_fsdp" and n < 2:
+                continue  # step 03 shards over 2 or more workers only
             run = Run(name, "memory", step, n, flags)
             need = state_bytes * (1 if gpus else n)  # GPUs: a device per rank; CPUs: the ranks share the RAM
             if gpus and n > gpus:
@@ -186,7 +192,7 @@ def command(run: Run, args, address: str | None) -> list:
 def execute(run: Run, cmd: list, log_path: Path) -> None:
     """Run one step in a fresh checkpoint folder; keep its output; read its final JSON line."""
     checkpoint_dir = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.env}
     launched = time.time()
     summary, seen_at = None, None
     with open(log_path, "w") as log:
@@ -206,7 +212,8 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
     run.status, run.summary = "ok", summary
     # wall_time_s runs from the script's own start, after its imports: add what came before it.
     started = seen_at - summary["wall_time_s"]
-    run.launch_to_first_step_s = started - launched + summary["time_to_first_step_s"]
+    run.imports_s = started - launched
+    run.launch_to_first_step_s = run.imports_s + summary["time_to_first_step_s"]
 
 
 def last_error_line(log_path: Path) -> str:
@@ -272,7 +279,7 @@ def results_markdown(results: dict) -> str:
             lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
                          f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
                          f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
-        lines += ["", TIMING_NOTE, ""] + figures(steps)
+        lines += ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s")) + figures(steps)
     if memory:
         lines += memory_markdown(memory)
     return "\n".join(lines) + "\n"
@@ -284,6 +291,34 @@ TIMING_NOTE = (
     "Evaluation and checkpointing are not in img/s; they are in wall time. Launch to first step runs from "
     "the benchmark starting the command to the end of the first optimizer step: Python imports, Ray start-up, "
     "worker start, data loading and model construction included.")
+
+
+def startup_markdown(steps: list, ray_start_s: float | None) -> list:
+    """Launch to first step, phase by phase: from the benchmark's clock (imports) and the script's own
+    timestamps (summary["startup_s"]: when the launcher's part, data loading and model building ended)."""
+    lines = ["## Launch to first step, phase by phase (s)", "",
+             "| run | imports | launcher: process group, or Ray and its workers | data | model | first step | total |",
+             "|---|---|---|---|---|---|---|"]
+    for r in steps:
+        if r.status != "ok":
+            continue
+        t = r.summary["startup_s"]
+        phases = [r.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
+                  r.summary["time_to_first_step_s"] - t["model"], r.launch_to_first_step_s]
+        lines.append(f"| {r.name} | " + " | ".join(f"{p:.1f}" for p in phases) + " |")
+    if ray_start_s is not None:
+        lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`start_ray`, measured alone, imports "
+                      f"excluded) took {ray_start_s:.1f} s; the rest is Ray Train starting its controller and "
+                      f"worker processes, which import torch, and setting up the process group."]
+    return lines + [""]
+
+
+def measure_ray_start() -> float:
+    """Seconds that start_ray() takes to start a local Ray, in a fresh process, imports excluded."""
+    code = ("import time; from common.ray_setup import start_ray; t = time.time(); start_ray(None); "
+            "print(time.time() - t)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
 
 
 def figures(steps: list) -> list:
@@ -300,6 +335,18 @@ def figures(steps: list) -> list:
             a, b = by_name[one], by_name[many]
             lines.append(f"- Scaling: {b.name} with {b.workers} processes / {a.name} with 1 = "
                          f"{steady_images_per_s(b.summary) / steady_images_per_s(a.summary):.2f}x throughput.")
+    if "ray_ddp" in by_name and "ray_ddp_poll_2s" in by_name:
+        fast, slow = by_name["ray_ddp"], by_name["ray_ddp_poll_2s"]
+        lines.append(f"- Controller poll every 0.2 s (the steps' default) vs Ray's default 2 s: "
+                     f"{steady_images_per_s(fast.summary):,.0f} vs {steady_images_per_s(slow.summary):,.0f} img/s, "
+                     f"wall time {fast.summary['wall_time_s']:.0f} vs {slow.summary['wall_time_s']:.0f} s.")
+    if "ray_fsdp" in by_name and "ray_fsdp2" in by_name:
+        one, two = by_name["ray_fsdp"].summary, by_name["ray_fsdp2"].summary
+        state = [sum(s["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb")) for s in (one, two)]
+        lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {steady_images_per_s(one):,.0f} vs "
+                     f"{steady_images_per_s(two):,.0f} img/s; state on rank 0 {state[0]:,.2f} vs {state[1]:,.2f} MB; "
+                     f"peak memory per rank {max(one['peak_memory_mb']):,.0f} vs {max(two['peak_memory_mb']):,.0f} MB; "
+                     f"test accuracy {one['test_accuracy']:.2%} vs {two['test_accuracy']:.2%}.")
     if "ray_ddp" in by_name:
         s = by_name["ray_ddp"].summary
         n, grads = s["world_size"], s["memory_per_rank"][0]["grads_mb"]
@@ -323,7 +370,7 @@ def memory_markdown(memory: list) -> list:
              "| strategy | workers | CPU offload | parameters (MB) | gradients (MB) | optimizer (MB) | "
              "total state (GiB) | peak (GiB) |", "|---|---|---|---|---|---|---|---|"]
     for r in memory:
-        strategy = "DDP (step 02)" if r.step == "ray_ddp" else "FSDP2 (step 04)"
+        strategy = {"ray_ddp": "DDP (step 02)", "ray_fsdp": "FSDP1 (step 03)", "ray_fsdp2": "FSDP2 (step 04)"}[r.step]
         offload = "yes" if "--cpu-offload" in r.flags else "no"
         if r.status != "ok":
             lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")

@@ -1,5 +1,8 @@
 """The benchmark runs the steps side by side and writes a table and plots (tiny settings, no timing claims)."""
+import argparse
 import json
+
+import pytest
 
 from conftest import load_script, python
 
@@ -9,28 +12,44 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def test_benchmark_writes_table_and_plots(ray_cluster, tmp_path):
     result = python("benchmarks/compare_steps.py", "--data", "synthetic", "--epochs", "2", "--steps-per-epoch", "3",
                     "--batch-size", "32", "--memory-model", "tiny", "--memory-workers", "2", "--address", ray_cluster,
-                    "--only", "single_machine", "ddp", "ray_fsdp", "memory_fsdp2_n2", "--out", str(tmp_path),
-                    timeout=300)
+                    "--only", "single_machine", "ddp", "memory_fsdp1_n2", "--out", str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"table: {tmp_path / 'results.md'}" in result.stdout
 
     runs = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
-    assert list(runs) == ["single_machine", "ddp", "ray_fsdp", "memory_fsdp2_n2"]
-    assert runs["ray_fsdp"]["status"] == "skipped" and "needs CUDA" in runs["ray_fsdp"]["skipped"]
-    single, ddp, fsdp2 = (runs[n]["summary"] for n in ("single_machine", "ddp", "memory_fsdp2_n2"))
+    assert list(runs) == ["single_machine", "ddp", "memory_fsdp1_n2"]
+    single, ddp, fsdp1 = (runs[n]["summary"] for n in runs)
     assert single["test_accuracy"] == ddp["test_accuracy"]  # same global batch and seed: the same training
     assert len(single["history"]) == 2 and all(runs[n]["launch_to_first_step_s"] > 0 for n in ("single_machine", "ddp"))
-    # FSDP2 on 2 workers: the ranks' fp32 shards add up to the model (tiny: 811,146 parameters), about half each.
-    shards = [round(m["params_mb"] * 2**20 / 4) for m in fsdp2["memory_per_rank"]]
-    assert sum(shards) == 811_146 and max(shards) < 0.52 * 811_146
+    # FSDP1 on 2 workers: the ranks' fp32 flat-parameter slices add up to the model (tiny), about half each.
+    shards = [round(m["params_mb"] * 2**20 / 4) for m in fsdp1["memory_per_rank"]]
+    assert sum(shards) == fsdp1["params"] and max(shards) < 0.52 * fsdp1["params"]
 
     table = (tmp_path / "results.md").read_text()
-    for row in ("| single_machine | 1 |", "| ddp | 2 |", "| ray_fsdp | 2 | skipped:", "| FSDP2 (step 04) | 2 | no |"):
+    for row in ("| single_machine | 1 |", "| ddp | 2 |", "| FSDP1 (step 03) | 2 | no |"):
         assert row in table
     assert "Scaling: ddp with 2 processes / single_machine with 1 =" in table
+    # Launch to first step, phase by phase: the phases add up to the whole.
+    breakdown = [line for line in table.splitlines() if line.startswith("| ddp | ") and line.count("|") == 8]
+    assert len(breakdown) == 1
+    *phases, total = (float(cell) for cell in breakdown[0].strip("|").split("|")[1:])
+    assert sum(phases) == pytest.approx(total, abs=0.2) and all(p >= 0 for p in phases)
     for plot in ("accuracy.png", "throughput.png", "memory.png"):
         data = (tmp_path / plot).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000, plot
+
+
+def test_every_step_runs_on_cpus_and_memory_runs_that_cannot_fit_are_skipped(monkeypatch):
+    compare_steps = load_script("benchmarks/compare_steps.py")
+    monkeypatch.setattr(compare_steps.torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(compare_steps.os, "cpu_count", lambda: 2)
+    ram = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 24 * 2**30 // 4096}  # this machine: 2 cores, 24 GiB
+    monkeypatch.setattr(compare_steps.os, "sysconf", ram.get)
+    args = argparse.Namespace(num_workers=2, memory_model="giant", memory_workers=[1, 2, 4])
+    assert not [r.name for r in compare_steps.plan_step_runs(args) if r.skipped]  # FSDP1 (step 03) included
+    memory = {r.name: r.skipped for r in compare_steps.plan_memory_runs(args)}
+    assert "memory_fsdp1_n1" not in memory and memory["memory_fsdp1_n2"] is None  # step 03 needs 2 workers
+    assert memory["memory_ddp_n1"] is None and "does not fit" in memory["memory_ddp_n2"]
 
 
 def test_a_failed_runs_reason_is_ray_out_of_memory_kill_not_the_shutdown_noise_after_it(tmp_path):
