@@ -1,6 +1,14 @@
 """Step 02 fed by Ray Data: the same training, reading a Ray Dataset on a two-node Ray cluster."""
-from common import build_model
-from conftest import assert_sane_summary, final_json, latest_ray_checkpoint, load_weights, ray_script
+import json
+from pathlib import Path
+
+import ray
+import ray.train
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from common import build_model, load_data
+from conftest import assert_sane_summary, final_json, latest_ray_checkpoint, load_script, load_weights, ray_script
 
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 
@@ -12,3 +20,28 @@ def test_ray_data_feeds_two_workers_and_reports(ray_cluster, tmp_path):
     assert summary["nodes"] == 2  # one worker per node: one of them reads its blocks from the other node
     assert result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
     build_model("tiny").load_state_dict(load_weights(latest_ray_checkpoint(tmp_path)))
+
+
+def test_each_worker_reads_a_disjoint_shard_in_a_new_order_every_epoch(ray_cluster, tmp_path):
+    """What the script's docstring promises of train_dataset() (its dataset) under Ray Train's split."""
+    def record_ids_per_epoch(config):  # nested: shipped to the workers by value, not as a test-module import
+        """In each worker: two epochs of sample ids from its stream, read as the script reads it."""
+        rank, shard = ray.train.get_context().get_world_rank(), ray.train.get_dataset_shard("train")
+        epochs = [[i for batch in shard.iter_torch_batches(batch_size=16, drop_last=True, local_shuffle_buffer_size=64,
+                                                            local_shuffle_seed=epoch) for i in batch["id"].tolist()]
+                  for epoch in range(2)]
+        (Path(config["out"]) / f"rank{rank}.json").write_text(json.dumps(epochs))
+
+    ray.init(address=ray_cluster, logging_level="ERROR")
+    try:
+        TorchTrainer(record_ids_per_epoch, train_loop_config={"out": str(tmp_path)},
+                     datasets={"train": load_script(RAY_DATA).train_dataset(load_data("synthetic", ""), seed=0)},
+                     scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(storage_path=str(tmp_path / "runs"))).fit()
+    finally:
+        ray.shutdown()
+    (a0, a1), (b0, b1) = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for a, b in ((a0, b0), (a1, b1)):
+        assert len(a) == len(b) > 0.45 * 4096 and not set(a) & set(b)  # equal halves, disjoint, no image twice
+        assert len(set(a)) == len(a) and len(set(b)) == len(b)
+    assert a0 != a1 and b0 != b1  # a new order every epoch
