@@ -52,6 +52,16 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def ray_driver(ray_cluster):
+    """This test process connected to the test cluster as a Ray driver, for tests that call Ray Train directly."""
+    import ray
+
+    ray.init(address=ray_cluster, logging_level="ERROR")
+    yield ray_cluster
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def ddp_run(tmp_path_factory):
     """One torchrun DDP run (2 processes) that steps 01 and 02 compare against."""
     checkpoint_dir = tmp_path_factory.mktemp("ddp")

@@ -2,7 +2,6 @@
 import json
 from pathlib import Path
 
-import ray
 import ray.train
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
@@ -22,7 +21,7 @@ def test_ray_data_feeds_two_workers_and_reports(ray_cluster, tmp_path):
     build_model("tiny").load_state_dict(load_weights(latest_ray_checkpoint(tmp_path)))
 
 
-def test_each_worker_reads_a_disjoint_shard_in_a_new_order_every_epoch(ray_cluster, tmp_path):
+def test_each_worker_reads_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, tmp_path):
     """What the script's docstring promises of train_dataset() (its dataset) under Ray Train's split."""
     def record_ids_per_epoch(config):  # nested: shipped to the workers by value, not as a test-module import
         """In each worker: two epochs of sample ids from its stream, read as the script reads it."""
@@ -32,14 +31,9 @@ def test_each_worker_reads_a_disjoint_shard_in_a_new_order_every_epoch(ray_clust
                   for epoch in range(2)]
         (Path(config["out"]) / f"rank{rank}.json").write_text(json.dumps(epochs))
 
-    ray.init(address=ray_cluster, logging_level="ERROR")
-    try:
-        TorchTrainer(record_ids_per_epoch, train_loop_config={"out": str(tmp_path)},
-                     datasets={"train": load_script(RAY_DATA).train_dataset(load_data("synthetic", ""), seed=0)},
-                     scaling_config=ScalingConfig(num_workers=2),
-                     run_config=RunConfig(storage_path=str(tmp_path / "runs"))).fit()
-    finally:
-        ray.shutdown()
+    TorchTrainer(record_ids_per_epoch, train_loop_config={"out": str(tmp_path)},
+                 datasets={"train": load_script(RAY_DATA).train_dataset(load_data("synthetic", ""), seed=0)},
+                 scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(storage_path=str(tmp_path))).fit()
     (a0, a1), (b0, b1) = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for a, b in ((a0, b0), (a1, b1)):
         assert len(a) == len(b) > 0.45 * 4096 and not set(a) & set(b)  # equal halves, disjoint, no image twice

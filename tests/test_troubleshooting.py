@@ -1,0 +1,45 @@
+"""README's troubleshooting entries that reproduce on CPUs in seconds, reproduced: the messages it quotes
+are the ones Ray and PyTorch print, and the settings it recommends do what it says."""
+import os
+
+import pytest
+import ray.train
+import torch
+import torch.distributed as dist
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+
+def fit(train_func, tmp_path, **kwargs):
+    return TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2),
+                        run_config=RunConfig(storage_path=str(tmp_path)), **kwargs).fit()
+
+
+def test_an_uneven_report_becomes_an_error_with_a_collective_timeout(ray_driver, tmp_path, monkeypatch):
+    def rank_0_reports_twice(config):
+        ray.train.report({"step": 1})
+        if ray.train.get_context().get_world_rank() == 0:
+            ray.train.report({"step": 2})  # rank 1 never joins: without a timeout this waits forever
+
+    monkeypatch.setenv("RAY_TRAIN_COLLECTIVE_TIMEOUT_S", "4")  # Ray hands it to the controller and workers
+    with pytest.raises(ray.train.TrainingFailedError, match=r"The collective operation timed out after 4\.\d+ "
+                       r"seconds\. The following ranks have not joined the collective operation: \[1\]"):
+        fit(rank_0_reports_twice, tmp_path)
+
+
+def test_an_uneven_torch_collective_becomes_an_error_with_the_process_group_timeout(ray_driver, tmp_path):
+    def rank_0_all_reduces_alone(config):
+        if ray.train.get_context().get_world_rank() == 0:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(ray.train.TrainingFailedError, match=r"Timed out waiting 3000ms for recv operation"):
+        fit(rank_0_all_reduces_alone, tmp_path, torch_config=TorchConfig(timeout_s=3))
+
+
+def test_metrics_reported_without_a_checkpoint_do_not_reach_the_result(ray_driver, tmp_path):
+    def report_metrics_only(config):
+        ray.train.report({"loss": 1.0})
+
+    result = fit(report_metrics_only, tmp_path)
+    assert result.metrics is None and result.checkpoint is None and result.best_checkpoints == []
+    assert "RAY_TRAIN_COLLECTIVE_TIMEOUT_S" not in os.environ  # the first test's setting did not leak
