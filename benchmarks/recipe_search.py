@@ -33,6 +33,10 @@ VARIANTS = {
     "stem_mlp512": ({"stem": STEM, "mlp_dim": 512}, 4, []),
     "stem_batch256": ({"stem": STEM}, 4, ["--batch-size", "256", "--lr", "3e-3"]),
     "stem_warmup0.5": ({"stem": STEM}, 4, ["--warmup-epochs", "0.5"]),
+    "stem_pad2_depth8": ({"stem": STEM, "num_layers": 8}, 2, []),
+    "stem_pad2_lr3e-3": ({"stem": STEM}, 2, ["--lr", "3e-3"]),
+    "stem_pad2_mlp512": ({"stem": STEM, "mlp_dim": 512}, 2, []),
+    "stem_pad2_depth8_lr3e-3": ({"stem": STEM, "num_layers": 8}, 2, ["--lr", "3e-3"]),
 }
 
 

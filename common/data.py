@@ -20,7 +20,7 @@ CACHE_FILES = {"train": "cifar10_train.npz", "test": "cifar10_test.npz"}
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 SYNTHETIC_SIZES = {"train": 4096, "test": 1024}
-CROP_PADDING = 4  # random crops shift an image by up to this many pixels each way
+CROP_PADDING = 2  # random crops shift an image by up to this many pixels each way
 VALIDATION_SIZE = 5000  # cifar10-val: the last 5,000 training images, held out for tuning the recipe
 
 

@@ -11,7 +11,7 @@ from .errors import fail
 # tiny: an epoch of CIFAR-10 in minutes on a laptop CPU. small: the GPU default.
 # base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B parameters).
 PRESETS = {
-    "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256),
+    "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256, stem=(32, 64)),
     "small": dict(num_layers=8, num_heads=6, hidden_dim=384, mlp_dim=1536),
     "base": dict(num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
     "large": dict(num_layers=24, num_heads=16, hidden_dim=1024, mlp_dim=4096),
