@@ -116,6 +116,18 @@ def new_sweep(args, storage: Path, name: str, trainable) -> ray.tune.Tuner:
     print(f"sweep {name}: {args.num_samples} trials of {args.num_workers} worker(s), {at_once} at a time; "
           f"ASHA on validation accuracy from epoch {args.grace_period} of {args.epochs}. "
           f"Interrupted? Run the same command with --resume", flush=True)
+    # Trial 0 trains the flags as given (the recipe, by default): the sweep measures its winner against it.
+    # max_concurrent: Ray Train starts a run only when all its workers fit, so more trials at once would only
+    # wait. (TuneConfig(max_concurrent_trials) does the same, but only for Tune's default search: Tune ignores
+    # it, with a mere warning, when given a search, as here.)
+    recipe = {key: getattr(args, key) for key in SEARCH_SPACE}
+    search = BasicVariantGenerator(points_to_evaluate=[recipe],
+                                   max_concurrent=at_once, random_state=args.seed)
+    # After grace_period, 2 x grace_period, ... epochs, a trial below the median of the trials that got there
+    # stops. A trial at its last epoch ends by itself (stop_last_trials=False): its Ray Train run completes.
+    asha = ASHAScheduler(time_attr="epoch", max_t=args.epochs,
+                         grace_period=args.grace_period, reduction_factor=2,
+                         stop_last_trials=False)
     return ray.tune.Tuner(
         trainable,
         # A trial's config is step 02's config: every flag, with this trial's values of the searched ones.
@@ -123,16 +135,7 @@ def new_sweep(args, storage: Path, name: str, trainable) -> ray.tune.Tuner:
         param_space=dict(vars(args), **SEARCH_SPACE),
         tune_config=ray.tune.TuneConfig(
             metric="test_accuracy", mode="max",  # step 02's name; on cifar10-val it is validation accuracy
-            num_samples=args.num_samples,
-            # Trial 0 trains the flags as given (the recipe, by default): the sweep measures its winner against it.
-            search_alg=BasicVariantGenerator(points_to_evaluate=[{key: getattr(args, key) for key in SEARCH_SPACE}],
-                                             random_state=args.seed),
-            # After grace_period, 2 x grace_period, ... epochs, a trial below the median of the trials that got
-            # there stops. A trial at its last epoch ends by itself (stop_last_trials=False), its run complete.
-            scheduler=ASHAScheduler(time_attr="epoch", max_t=args.epochs, grace_period=args.grace_period,
-                                    reduction_factor=2, stop_last_trials=False),
-            # Ray Train starts a run only when all its workers fit: more trials at once would just wait.
-            max_concurrent_trials=at_once),
+            num_samples=args.num_samples, search_alg=search, scheduler=asha),
         run_config=ray.tune.RunConfig(name=name, storage_path=str(storage), verbose=0,
                                       callbacks=[PrintTrialProgress(), FreeStoppedTrialsWorkers(storage / name)]))
 
@@ -148,25 +151,28 @@ def restore_sweep(path: Path, trainable) -> ray.tune.Tuner:
     if not ray.tune.Tuner.can_restore(str(path)):
         raise SystemExit(f"error: --resume but {path} holds no Tune state to resume; run without --resume")
     print(f"resuming sweep {path.name}; its trials keep the flags they started with", flush=True)
-    return ray.tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    return ray.tune.Tuner.restore(
+        str(path), trainable=trainable, resume_errored=True)
 
 
 def run_trial(config):
     """One trial, in a Tune actor: a Ray Train run of step 02's train_func with this trial's config."""
-    tune_context = ray.tune.get_context()
+    context = ray.tune.get_context()
     # Named after the trial, not a timestamp: a restarted trial finds its own run, and Ray Train resumes it.
-    run = Path(config["checkpoint_dir"]) / tune_context.get_experiment_name() / f"train-{tune_context.get_trial_id()}"
+    run = Path(config["checkpoint_dir"], context.get_experiment_name(), f"train-{context.get_trial_id()}")
+    trial_group = ray.util.get_current_placement_group().id.hex()
     trainer = TorchTrainer(
         train_noting_placement_groups,
-        train_loop_config=dict(config, launched=time.time(), run_dir=str(run),
-                               trial_placement_group=ray.util.get_current_placement_group().id.hex()),
+        train_loop_config=dict(config, launched=time.time(), run_dir=str(run), trial_placement_group=trial_group),
         scaling_config=ScalingConfig(num_workers=config["num_workers"], use_gpu=config["use_gpu"]),
         run_config=RunConfig(
             name=run.name, storage_path=str(run.parent),
-            failure_config=FailureConfig(max_failures=config["max_failures"]),  # worker restarts within the trial
+            # Worker restarts within the trial, from its last checkpoint:
+            failure_config=FailureConfig(max_failures=config["max_failures"]),
             logging_config=LoggingConfig(log_level="WARNING"),
             checkpoint_config=CheckpointConfig(num_to_keep=1),  # the latest: what a restart resumes from
-            callbacks=[TuneReportCallback()]))  # every ray.train.report also reaches Tune (and ASHA)
+            # Every ray.train.report also reaches Tune (and ASHA):
+            callbacks=[TuneReportCallback()]))
     trainer.fit()
 
 
@@ -198,12 +204,12 @@ class FreeStoppedTrialsWorkers(ray.tune.Callback):
     def on_step_begin(self, iteration, trials, **info):
         for trial_id in list(self.stopped):
             noted = self.sweep / f"train-{trial_id}" / "placement_groups"
-            groups = [PlacementGroup(ray.PlacementGroupID.from_hex(h)) for h in noted.read_text().split()
-                      ] if noted.exists() else []
-            if groups and state(groups[0]) != "REMOVED":
-                continue  # Tune is still ending the trial's actor
-            if groups and state(groups[1]) not in ("REMOVED", None):
-                ray.util.remove_placement_group(groups[1])
+            if noted.exists():  # else the trial stopped before its workers started
+                trial, workers = (PlacementGroup(ray.PlacementGroupID.from_hex(h)) for h in noted.read_text().split())
+                if state(trial) != "REMOVED":
+                    continue  # Tune is still ending the trial's actor
+                if state(workers) not in ("REMOVED", None):  # None: Ray has forgotten it
+                    ray.util.remove_placement_group(workers)
             self.stopped.discard(trial_id)
 
     def on_experiment_end(self, trials, **info):
