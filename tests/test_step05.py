@@ -7,6 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import ray
+import ray.tune
+from ray.train import ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
@@ -112,6 +116,13 @@ def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_cluster
         assert placement_group_table(workers)["state"] == "REMOVED" and not free.stopped
     finally:
         ray.shutdown()
+
+
+def test_the_train_v1_pattern_no_longer_works():
+    """README: under Train V2, Ray 2.60's default, a TorchTrainer is no longer a Tune trainable."""
+    trainer = TorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=1))
+    with pytest.raises(TuneError, match="Improper 'run' - not string nor trainable"):
+        ray.tune.Tuner(trainer, param_space={"train_loop_config": {"lr": ray.tune.grid_search([1e-3, 2e-3])}})
 
 
 @pytest.mark.parametrize("flags, message", [
