@@ -121,13 +121,15 @@ def new_sweep(args, storage: Path, name: str, trainable) -> ray.tune.Tuner:
     # wait. (TuneConfig(max_concurrent_trials) does the same, but only for Tune's default search: Tune ignores
     # it, with a mere warning, when given a search, as here.)
     recipe = {key: getattr(args, key) for key in SEARCH_SPACE}
-    search = BasicVariantGenerator(points_to_evaluate=[recipe],
-                                   max_concurrent=at_once, random_state=args.seed)
+    search = BasicVariantGenerator(
+        points_to_evaluate=[recipe], max_concurrent=at_once,
+        random_state=args.seed)
     # After grace_period, 2 x grace_period, ... epochs, a trial below the median of the trials that got there
     # stops. A trial at its last epoch ends by itself (stop_last_trials=False): its Ray Train run completes.
-    asha = ASHAScheduler(time_attr="epoch", max_t=args.epochs,
-                         grace_period=args.grace_period, reduction_factor=2,
-                         stop_last_trials=False)
+    asha = ASHAScheduler(
+        time_attr="epoch", max_t=args.epochs,
+        grace_period=args.grace_period, reduction_factor=2,
+        stop_last_trials=False)
     return ray.tune.Tuner(
         trainable,
         # A trial's config is step 02's config: every flag, with this trial's values of the searched ones.
@@ -245,16 +247,19 @@ def flags(config: dict) -> str:
 
 
 def describe_trial(result) -> dict:
-    """A row of the table. The history comes from step 02's summary: complete even after a resumed run."""
-    config, metrics = result.config, result.metrics or {}
-    history = metrics.get("summary", {}).get("history", [])
-    accuracies = [h["test_accuracy"] for h in history]
-    return dict(trial_id=metrics.get("trial_id", Path(result.path).name), searched=flags(config), config=config,
-                best_accuracy=max(accuracies, default=None), epochs_run=len(history),
+    """A row of the table, from the reports Tune recorded: a stopped trial's run may report once more while
+    Tune ends it, which ASHA never saw. A report repeated after a restart counts once."""
+    frame = result.metrics_dataframe
+    reports = [] if frame is None or frame.empty else frame.to_dict("records")
+    accuracy_by_epoch = {int(r["epoch"]): r["test_accuracy"] for r in reports}
+    config = result.config
+    return dict(trial_id=reports[0]["trial_id"] if reports else Path(result.path).name, searched=flags(config),
+                config=config, best_accuracy=max(accuracy_by_epoch.values(), default=None),
+                epochs_run=len(accuracy_by_epoch),
                 # Finished, not failed, yet short of --epochs: ASHA stopped it (stop_last_trials=False).
-                stopped_early=result.error is None and len(history) < config["epochs"],
+                stopped_early=result.error is None and len(accuracy_by_epoch) < config["epochs"],
                 error=None if result.error is None else type(result.error).__name__,
-                history=[dict(epoch=h["epoch"], validation_accuracy=h["test_accuracy"]) for h in history])
+                history=[dict(epoch=e, validation_accuracy=a) for e, a in sorted(accuracy_by_epoch.items())])
 
 
 def train_command(config: dict) -> str:
