@@ -247,19 +247,19 @@ def flags(config: dict) -> str:
 
 
 def describe_trial(result) -> dict:
-    """A row of the table, from the reports Tune recorded: a stopped trial's run may report once more while
-    Tune ends it, which ASHA never saw. A report repeated after a restart counts once."""
-    frame = result.metrics_dataframe
-    reports = [] if frame is None or frame.empty else frame.to_dict("records")
-    accuracy_by_epoch = {int(r["epoch"]): r["test_accuracy"] for r in reports}
-    config = result.config
-    return dict(trial_id=reports[0]["trial_id"] if reports else Path(result.path).name, searched=flags(config),
-                config=config, best_accuracy=max(accuracy_by_epoch.values(), default=None),
-                epochs_run=len(accuracy_by_epoch),
+    """A row of the table: step 02's own history of the trial (whole, where Tune's record of a resumed trial
+    starts again), up to the last epoch Tune recorded (a stopped trial's run may report once more while Tune
+    ends it, which ASHA never saw)."""
+    frame, config = result.metrics_dataframe, result.config
+    seen = 0 if frame is None or frame.empty else int(frame["epoch"].max())
+    history = [h for h in (result.metrics or {}).get("summary", {}).get("history", []) if h["epoch"] <= seen]
+    return dict(trial_id=frame["trial_id"].iloc[0] if seen else Path(result.path).name, searched=flags(config),
+                config=config, best_accuracy=max((h["test_accuracy"] for h in history), default=None),
+                epochs_run=len(history),
                 # Finished, not failed, yet short of --epochs: ASHA stopped it (stop_last_trials=False).
-                stopped_early=result.error is None and len(accuracy_by_epoch) < config["epochs"],
+                stopped_early=result.error is None and len(history) < config["epochs"],
                 error=None if result.error is None else type(result.error).__name__,
-                history=[dict(epoch=e, validation_accuracy=a) for e, a in sorted(accuracy_by_epoch.items())])
+                history=[dict(epoch=h["epoch"], validation_accuracy=h["test_accuracy"]) for h in history])
 
 
 def train_command(config: dict) -> str:
