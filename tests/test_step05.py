@@ -1,7 +1,11 @@
 """Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop, on the shared two-node Ray test
 cluster (1 CPU per node): trials of 1 worker, two at a time."""
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +19,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from common import make_parser
 from common.ray_setup import add_ray_flags
-from conftest import SMOKE, final_json, load_script, python
+from conftest import ROOT, SMOKE, final_json, load_script, python
 
 TUNE = "05-ray-tune/tune_ray_ddp.py"
 
@@ -44,7 +48,7 @@ def finished_sweep(ray_cluster, tmp_path_factory):
 
 
 def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
-    report, tmp_path, result = finished_sweep
+    report = finished_sweep[0]
     recorded = tune_results(report["sweep"])
     assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 3
     for trial in report["trials"]:
@@ -85,8 +89,8 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert report["train_command"] in result.stdout
 
 
-def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(ray_cluster, tmp_path):
-    """A trial that fails for good (no restarts left) ends the sweep with an error; --resume continues it."""
+def test_a_failed_trial_resumes_from_its_checkpoint_with_resume(ray_cluster, tmp_path):
+    """A trial out of restarts ends the sweep with a one-line error; --resume continues it from its checkpoint."""
     crashed = sweep(ray_cluster, tmp_path, "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
                     timeout=300)
     assert crashed.returncode != 0 and "run the same command with --resume" in crashed.stderr
@@ -96,6 +100,27 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(ray_clus
     assert "resumed from" in resumed.stdout  # Ray Train resumed the trial's run from its checkpoint
     [trial] = report["trials"]
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2]
+
+
+def test_an_interrupted_sweep_resumes_with_resume(ray_cluster, tmp_path):
+    """Interrupted after its first epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a test run in the
+    background may ignore SIGINT), the sweep says so in one line; --resume finishes the trial from its
+    checkpoint, and the table still counts the epochs trained before the interruption."""
+    flags = [*SMOKE, "--epochs", "3", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
+             "--address", ray_cluster, "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags], cwd=ROOT, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in interrupted.stdout:
+        if "epoch 1/3, validation accuracy" in line:
+            interrupted.send_signal(signal.SIGUSR1)
+            break
+    _, stderr = interrupted.communicate(timeout=120)
+    assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in stderr
+    resumed = python(TUNE, *flags, "--resume", timeout=300)
+    [trial] = final_json(resumed)["trials"]
+    assert "resumed from" in resumed.stdout
+    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3]
 
 
 def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_cluster, tmp_path):
