@@ -18,7 +18,6 @@ from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
-from common.ray_setup import add_ray_flags
 from conftest import ROOT, SMOKE, final_json, load_script, python
 
 TUNE = "05-ray-tune/tune_ray_ddp.py"
@@ -78,10 +77,8 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert all(t["trial_id"] in table for t in report["trials"]) and report["best"]["searched"] in table
     assert (tmp_path / "out" / "validation_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     command = shlex.split(report["train_command"])
-    assert command[:2] == ["python", "02-ray-train-ddp/train_ray_ddp.py"]
-    parser = make_parser("", "ray_ddp")
-    add_ray_flags(parser)
-    flags = parser.parse_args(command[2:])  # step 02's flags, all of them known
+    assert command[:2] == ["python", "01-vanilla-pytorch-ddp/train_single_machine.py"]
+    flags = make_parser("", "single_machine").parse_args(command[2:])  # step 01's flags, all of them known
     assert flags.data == "cifar10" and flags.steps_per_epoch is None  # the whole training set, full epochs
     best = report["best"]["config"]
     assert (flags.lr, flags.warmup_epochs, flags.weight_decay) == pytest.approx(
