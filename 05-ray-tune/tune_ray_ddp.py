@@ -1,10 +1,10 @@
 """Step 05: tune the recipe with Ray Tune; every trial is a Ray Train run of step 02's training loop.
 
-    python 05-ray-tune/tune_ray_ddp.py --num-workers 2 --num-samples 8 --epochs 3 --steps-per-epoch 100
+    python 05-ray-tune/tune_ray_ddp.py --num-workers 1 --num-samples 8 --epochs 3 --steps-per-epoch 100
 
-With Ray Train V2 (Ray's default since 2.51) a Tune trial is a plain function that builds a TorchTrainer with
-its trial's hyperparameters and calls fit(). Tune no longer takes the Trainer itself: the V1 pattern
-`Tuner(TorchTrainer(...), param_space={"train_loop_config": ...})` is deprecated. A TuneReportCallback hands
+With Ray Train V2 (Ray 2.60's default) a Tune trial is a plain function that builds a TorchTrainer with its
+trial's hyperparameters and calls fit(). Tune no longer takes the Trainer itself: the V1 pattern
+`Tuner(TorchTrainer(...), param_space={"train_loop_config": ...})` fails at once. A TuneReportCallback hands
 every epoch's report to Tune, whose ASHA scheduler stops the trials that fall behind. The sweep tunes on --data
 cifar10-val (the last 5,000 training images, held out), never on the test set, and ends with a table of its
 trials, a plot of validation accuracy per epoch, the best flags and the command that trains them.
