@@ -27,10 +27,10 @@ from ray.tune.search import BasicVariantGenerator
 from ray.util.placement_group import PlacementGroup
 
 from common import load_data, make_parser
-from common.ray_setup import add_ray_flags, check_cluster_can_run, run_name, start_ray
+from common.errors import fail
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, run_name, start_ray
 
 STEP = "ray_tune"
-LAUNCHED = time.time()
 ROOT = Path(__file__).resolve().parents[1]
 
 # The recipe's three optimisation knobs, searched around the values it uses (2e-3, 1, 0.05). Batch size is not
@@ -60,60 +60,59 @@ train_func = load_step02().train_func
 
 
 def main():
-    parser = make_parser(__doc__, STEP)
+    parser = add_ray_flags(make_parser(__doc__, STEP))
     parser.set_defaults(data="cifar10-val")
-    parser.add_argument("--fail-at-epoch", type=int, help="crash a worker of every trial after this epoch (once)")
-    add_ray_flags(parser)
     parser.add_argument("--num-samples", type=int, default=8, help="trials; trial 0 uses the flags as given")
     parser.add_argument("--grace-period", type=int, default=1, help="epochs every trial trains before ASHA may stop it")
     parser.add_argument("--out", default="results/05-tune", help="folder for the table (results.md, .json) and plot")
-    args = parser.parse_args()
-    check_sweep(args)
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # trials do not start in this folder
+    args = parser.parse_args()  # --fail-at-epoch crashes a worker of every trial once, --max-failures restarts it
+    check_sweep_flags(parser, args)
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
+    name = run_name(STEP, args)  # with --resume, the newest sweep's
     start_ray(args.address)
-    args.use_gpu = check_cluster_can_run(args)
-    storage = Path(args.checkpoint_dir).resolve()  # Ray wants an absolute path (or a URI such as s3://)
-    args.checkpoint_dir = str(storage)
-    name = run_name(STEP, storage, args.resume)
+    args.use_gpu = check_cluster_and_choose_gpu(args)
+    sweep = Path(args.checkpoint_dir, name)
     trainable = ray.tune.with_resources(run_trial, TRIAL_RESOURCES)
-    tuner = restore_sweep(storage / name, trainable) if args.resume else new_sweep(args, storage, name, trainable)
+    tuner = restore_sweep(sweep, trainable) if args.resume else new_sweep(args, sweep, trainable)
     results = tuner.fit()
 
     # Tune ends the trials it was running when interrupted (Ctrl-C), after saving them as unfinished.
-    if any(t.status not in ("TERMINATED", "ERROR") for t in ray.tune.ExperimentAnalysis(str(storage / name)).trials):
-        raise SystemExit(f"error: sweep {name} was interrupted; run the same command with --resume to finish it")
+    if any(t.status not in ("TERMINATED", "ERROR") for t in ray.tune.ExperimentAnalysis(str(sweep)).trials):
+        raise fail(f"sweep {name} was interrupted; run the same command with --resume to finish it")
     trials = sorted((describe_trial(result) for result in results), key=lambda t: t["trial_id"])
     if not any(t["history"] for t in trials):
-        raise SystemExit(f"error: no trial of sweep {name} finished an epoch; see the errors above")
+        raise fail(f"no trial of sweep {name} finished an epoch; see the errors above")
     best = max((t for t in trials if t["history"]), key=lambda t: t["best_accuracy"])
-    report = dict(step=STEP, sweep=str(storage / name), cluster=cluster_description(), trials=trials, best=best,
+    report = dict(step=STEP, sweep=str(sweep), cluster=cluster_description(), trials=trials, best=best,
                   train_command=train_command(best["config"]), noise_command=noise_command(best["config"]),
-                  wall_time_s=time.time() - LAUNCHED)
+                  wall_time_s=time.time() - args.launched)
     ray.shutdown()  # no more Ray output: the JSON below stays the last line
     print("\n".join(write_outputs(report, Path(args.out))))
     failed = sum(t["error"] is not None for t in trials)
     if failed:
-        raise SystemExit(f"error: {failed} trial(s) failed (see above); run the same command with --resume "
-                         f"to continue them from their last checkpoint")
+        raise fail(f"{failed} trial(s) failed (see above); run the same command with --resume to continue them "
+                   f"from their last checkpoint")
     print(json.dumps(report))
 
 
-def check_sweep(args):
-    """Bad flags fail here, in one line, before any trial starts."""
+def check_sweep_flags(parser, args):
+    """The sweep's own flags, checked like the others (make_parser's): one line, before any work."""
     if args.data == "cifar10":
-        raise SystemExit("error: --data cifar10 would tune on the test set, which would then no longer measure "
-                         "anything; tune on --data cifar10-val (the last 5,000 training images, held out)")
+        parser.error("--data cifar10 would tune on the test set, which would then no longer measure anything; "
+                     "tune on --data cifar10-val (the last 5,000 training images, held out)")
     if args.num_samples < 1:
-        raise SystemExit(f"error: --num-samples {args.num_samples}: a sweep needs at least 1 trial")
+        parser.error(f"--num-samples {args.num_samples} must be at least 1")
     if not 1 <= args.grace_period <= args.epochs:
-        raise SystemExit(f"error: --grace-period {args.grace_period} must be between 1 and --epochs {args.epochs}")
+        parser.error(f"--grace-period {args.grace_period} must be between 1 and --epochs {args.epochs}")
+    if "://" in args.checkpoint_dir:
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir} must be a local or mounted folder: each trial notes "
+                     f"its placement groups there for the sweep to read")
 
 
-def new_sweep(args, storage: Path, name: str, trainable) -> ray.tune.Tuner:
+def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:
     """--num-samples trials, as many at once as the cluster holds, stopped early by ASHA."""
     at_once = trials_at_once(args)
-    print(f"sweep {name}: {args.num_samples} trials of {args.num_workers} worker(s), {at_once} at a time; "
+    print(f"sweep {sweep.name}: {args.num_samples} trials of {args.num_workers} worker(s), {at_once} at a time; "
           f"ASHA on validation accuracy from epoch {args.grace_period} of {args.epochs}. "
           f"Interrupted? Run the same command with --resume", flush=True)
     # Trial 0 trains the flags as given (the recipe, by default): the sweep measures its winner against it.
@@ -138,8 +137,8 @@ def new_sweep(args, storage: Path, name: str, trainable) -> ray.tune.Tuner:
         tune_config=ray.tune.TuneConfig(
             metric="test_accuracy", mode="max",  # step 02's name; on cifar10-val it is validation accuracy
             num_samples=args.num_samples, search_alg=search, scheduler=asha),
-        run_config=ray.tune.RunConfig(name=name, storage_path=str(storage), verbose=0,
-                                      callbacks=[PrintTrialProgress(), FreeStoppedTrialsWorkers(storage / name)]))
+        run_config=ray.tune.RunConfig(name=sweep.name, storage_path=str(sweep.parent), verbose=0,
+                                      callbacks=[PrintTrialProgress(), FreeStoppedTrialsWorkers(sweep)]))
 
 
 def trials_at_once(args) -> int:
@@ -151,7 +150,7 @@ def restore_sweep(path: Path, trainable) -> ray.tune.Tuner:
     """Tune restores the search, the scheduler, its callbacks and every trial's config. An unfinished or failed
     trial starts its Ray Train run again under the same name, and Ray Train resumes it from its checkpoint."""
     if not ray.tune.Tuner.can_restore(str(path)):
-        raise SystemExit(f"error: --resume but {path} holds no Tune state to resume; run without --resume")
+        raise fail(f"--resume but {path} holds no Tune state to resume; run without --resume")
     print(f"resuming sweep {path.name}; its trials keep the flags they started with", flush=True)
     return ray.tune.Tuner.restore(
         str(path), trainable=trainable, resume_errored=True)

@@ -120,24 +120,20 @@ def test_an_interrupted_sweep_resumes_with_resume(ray_cluster, tmp_path):
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3]
 
 
-def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_cluster, tmp_path):
+def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
     """Ray keeps a stopped trial's workers' placement group (and their CPUs) until the sweep's job ends; the sweep
     removes it, but only once the trial's own group is gone, and with it the controller that could restart them."""
     free = load_script(TUNE).FreeStoppedTrialsWorkers(tmp_path)
-    ray.init(address=ray_cluster, logging_level="ERROR")
-    try:
-        trial, workers = placement_group([{"memory": 2**20}]), placement_group([{"CPU": 1}])
-        ray.get([trial.ready(), workers.ready()])
-        (tmp_path / "train-t1").mkdir()
-        (tmp_path / "train-t1" / "placement_groups").write_text(f"{trial.id.hex()} {workers.id.hex()}")
-        free.on_trial_complete(0, [], SimpleNamespace(trial_id="t1"))
-        free.on_step_begin(0, [])
-        assert placement_group_table(workers)["state"] == "CREATED"  # the trial is still ending
-        remove_placement_group(trial)
-        free.on_step_begin(0, [])
-        assert placement_group_table(workers)["state"] == "REMOVED" and not free.stopped
-    finally:
-        ray.shutdown()
+    trial, workers = placement_group([{"memory": 2**20}]), placement_group([{"CPU": 1}])
+    ray.get([trial.ready(), workers.ready()])
+    (tmp_path / "train-t1").mkdir()
+    (tmp_path / "train-t1" / "placement_groups").write_text(f"{trial.id.hex()} {workers.id.hex()}")
+    free.on_trial_complete(0, [], SimpleNamespace(trial_id="t1"))
+    free.on_step_begin(0, [])
+    assert placement_group_table(workers)["state"] == "CREATED"  # the trial is still ending
+    remove_placement_group(trial)
+    free.on_step_begin(0, [])
+    assert placement_group_table(workers)["state"] == "REMOVED" and not free.stopped
 
 
 def test_the_train_v1_pattern_no_longer_works():
@@ -149,7 +145,8 @@ def test_the_train_v1_pattern_no_longer_works():
 
 @pytest.mark.parametrize("flags, message", [
     (["--data", "cifar10"], "error: --data cifar10 would tune on the test set"),
-    (["--num-workers", "3"], "error: --num-workers 3 needs 3 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
+    (["--num-workers", "3", "--batch-size", "48"],
+     "error: --num-workers 3 needs 3 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
 ])
 def test_bad_requests_fail_in_one_line_before_any_trial(ray_cluster, tmp_path, flags, message):
     result = sweep(ray_cluster, tmp_path, *flags, timeout=90)
