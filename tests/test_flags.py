@@ -8,7 +8,8 @@ from conftest import load_script
 
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
-           "03-ray-train-fsdp/train_ray_fsdp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py"]
+           "03-ray-train-fsdp/train_ray_fsdp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py",
+           "05-ray-tune/tune_ray_ddp.py"]
 RAY_SCRIPTS = SCRIPTS[2:]
 
 # (flags, the one line expected on stderr); {file} is a regular file, so nothing can be created under it.
@@ -41,8 +42,18 @@ RAY_ONLY = [
     (["--num-workers", "3", "--batch-size", "32"],
      "error: --batch-size 32 does not split evenly over 3 processes; use a multiple of 3"),
 ]
+# Step 05's own flags: a sweep never tunes on the test set.
+SWEEP_ONLY = [
+    (["--data", "cifar10"], "error: --data cifar10 would tune on the test set, which would then no longer measure "
+     "anything; tune on --data cifar10-val (the last 5,000 training images, held out)"),
+    (["--num-samples", "0"], "error: --num-samples 0 must be at least 1"),
+    (["--epochs", "2", "--grace-period", "3"], "error: --grace-period 3 must be between 1 and --epochs 2"),
+    (["--checkpoint-dir", "s3://bucket/runs"], "error: --checkpoint-dir s3://bucket/runs must be a local or mounted "
+     "folder: each trial notes its placement groups there for the sweep to read"),
+]
 CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
-    (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY]
+    (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY] + [
+    ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY]
 
 
 def run_main(script, flags, capsys, monkeypatch):

@@ -1,0 +1,155 @@
+"""Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop, on the shared two-node Ray test
+cluster (1 CPU per node): trials of 1 worker, two at a time."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ray
+import ray.tune
+from ray.train import ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.error import TuneError
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+from common import make_parser
+from conftest import ROOT, SMOKE, final_json, load_script, python
+
+TUNE = "05-ray-tune/tune_ray_ddp.py"
+
+
+def sweep(address, tmp_path, *flags, **kwargs):
+    return python(TUNE, *SMOKE, "--num-workers", "1", "--address", address, "--checkpoint-dir", str(tmp_path / "runs"),
+                  "--out", str(tmp_path / "out"), *flags, **kwargs)
+
+
+def tune_results(sweep_dir) -> dict:
+    """Each trial's validation accuracies as Tune recorded them (its result.json), not as the script tabulates."""
+    accuracies = {}
+    for result_file in Path(sweep_dir).glob("run_trial_*/result.json"):
+        results = [json.loads(line) for line in result_file.read_text().splitlines()]
+        accuracies[results[0]["trial_id"]] = [r["test_accuracy"] for r in results]
+    return accuracies
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_cluster, tmp_path_factory):
+    """3 trials of 2 tiny epochs; each worker crashes once after epoch 1, which Ray Train restarts within the trial."""
+    tmp_path = tmp_path_factory.mktemp("tune")
+    result = sweep(ray_cluster, tmp_path, "--num-samples", "3", "--fail-at-epoch", "1", "--max-failures", "1",
+                   timeout=480)
+    return final_json(result), tmp_path, result
+
+
+def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
+    report = finished_sweep[0]
+    recorded = tune_results(report["sweep"])
+    assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 3
+    for trial in report["trials"]:
+        assert trial["error"] is None and 1 <= trial["epochs_run"] <= 2
+        assert trial["best_accuracy"] == max(recorded[trial["trial_id"]])
+        assert trial["stopped_early"] == (trial["epochs_run"] < 2)  # ASHA's doing: no trial failed
+    best = max(recorded, key=lambda trial_id: max(recorded[trial_id]))
+    assert report["best"]["trial_id"] == best
+    assert report["best"]["best_accuracy"] > 0.2  # 6 steps on the synthetic classes beat chance (10%) clearly
+    # Trial 0 trains the flags as given: the recipe, against which the sweep measures its winner.
+    assert report["trials"][0]["searched"] == "--lr 0.002 --warmup-epochs 1 --weight-decay 0.05"
+    assert len({t["searched"] for t in report["trials"]}) == 3
+
+
+def test_a_crashed_worker_restarts_within_its_trial(finished_sweep):
+    """FailureConfig in every trial's Ray Train run: a trial that went on after its crash resumed from epoch 1."""
+    report, _, result = finished_sweep
+    completed = [t for t in report["trials"] if t["epochs_run"] == 2]
+    assert completed  # ASHA always lets the first trial to reach a rung go on
+    assert result.stdout.count("resumed from") >= len(completed)
+    assert all([h["epoch"] for h in t["history"]] == [1, 2] for t in completed)
+
+
+def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(finished_sweep):
+    report, tmp_path, result = finished_sweep
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert all(t["trial_id"] in table for t in report["trials"]) and report["best"]["searched"] in table
+    assert (tmp_path / "out" / "validation_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    command = shlex.split(report["train_command"])
+    assert command[:2] == ["python", "01-vanilla-pytorch-ddp/train_single_machine.py"]
+    flags = make_parser("", "single_machine").parse_args(command[2:])  # step 01's flags, all of them known
+    assert flags.data == "cifar10" and flags.steps_per_epoch is None  # the whole training set, full epochs
+    best = report["best"]["config"]
+    assert (flags.lr, flags.warmup_epochs, flags.weight_decay) == pytest.approx(
+        (best["lr"], best["warmup_epochs"], best["weight_decay"]), rel=1e-3)
+    assert report["train_command"] in result.stdout
+
+
+def test_a_failed_trial_resumes_from_its_checkpoint_with_resume(ray_cluster, tmp_path):
+    """A trial out of restarts ends the sweep with a one-line error; --resume continues it from its checkpoint."""
+    crashed = sweep(ray_cluster, tmp_path, "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
+                    timeout=300)
+    assert crashed.returncode != 0 and "run the same command with --resume" in crashed.stderr
+    resumed = sweep(ray_cluster, tmp_path, "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
+                    "--resume", timeout=300)
+    report = final_json(resumed)
+    assert "resumed from" in resumed.stdout  # Ray Train resumed the trial's run from its checkpoint
+    [trial] = report["trials"]
+    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2]
+
+
+def test_an_interrupted_sweep_resumes_with_resume(ray_cluster, tmp_path):
+    """Interrupted after its first epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a test run in the
+    background may ignore SIGINT), the sweep says so in one line; --resume finishes the trial from its
+    checkpoint, and the table still counts the epochs trained before the interruption."""
+    flags = [*SMOKE, "--epochs", "3", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
+             "--address", ray_cluster, "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags], cwd=ROOT, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in interrupted.stdout:
+        if "epoch 1/3, validation accuracy" in line:
+            interrupted.send_signal(signal.SIGUSR1)
+            break
+    _, stderr = interrupted.communicate(timeout=120)
+    assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in stderr
+    resumed = python(TUNE, *flags, "--resume", timeout=300)
+    [trial] = final_json(resumed)["trials"]
+    assert "resumed from" in resumed.stdout
+    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3]
+
+
+def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
+    """Ray keeps a stopped trial's workers' placement group (and their CPUs) until the sweep's job ends; the sweep
+    removes it, but only once the trial's own group is gone, and with it the controller that could restart them."""
+    free = load_script(TUNE).FreeStoppedTrialsWorkers(tmp_path)
+    trial, workers = placement_group([{"memory": 2**20}]), placement_group([{"CPU": 1}])
+    ray.get([trial.ready(), workers.ready()])
+    (tmp_path / "train-t1").mkdir()
+    (tmp_path / "train-t1" / "placement_groups").write_text(f"{trial.id.hex()} {workers.id.hex()}")
+    free.on_trial_complete(0, [], SimpleNamespace(trial_id="t1"))
+    free.on_step_begin(0, [])
+    assert placement_group_table(workers)["state"] == "CREATED"  # the trial is still ending
+    remove_placement_group(trial)
+    free.on_step_begin(0, [])
+    assert placement_group_table(workers)["state"] == "REMOVED" and not free.stopped
+
+
+def test_the_train_v1_pattern_no_longer_works():
+    """README: under Train V2, Ray 2.60's default, a TorchTrainer is no longer a Tune trainable."""
+    trainer = TorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=1))
+    with pytest.raises(TuneError, match="Improper 'run' - not string nor trainable"):
+        ray.tune.Tuner(trainer, param_space={"train_loop_config": {"lr": ray.tune.grid_search([1e-3, 2e-3])}})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--data", "cifar10"], "error: --data cifar10 would tune on the test set"),
+    (["--num-workers", "3", "--batch-size", "48"],
+     "error: --num-workers 3 needs 3 CPUs, the cluster has 2; use --num-workers 2 or fewer"),
+])
+def test_bad_requests_fail_in_one_line_before_any_trial(ray_cluster, tmp_path, flags, message):
+    result = sweep(ray_cluster, tmp_path, *flags, timeout=90)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert "trial" not in result.stdout and not (tmp_path / "runs").exists()
