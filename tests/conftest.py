@@ -11,6 +11,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
+RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
 # Tiny, fast settings on the synthetic data: 2 epochs of 3 steps each.
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32"]
 
@@ -74,6 +75,14 @@ def ray_run(ray_cluster, tmp_path_factory):
     """One step-02 run (2 Ray workers on 2 nodes) that steps 02 and 04 compare against."""
     storage = tmp_path_factory.mktemp("ray_ddp")
     result = ray_script(RAY_DDP, ray_cluster, storage)
+    return final_json(result), storage, result
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(ray_cluster, tmp_path_factory):
+    """One step-04 run (2 Ray workers): sharded checkpoints, the last one with the full model.pt (steps 04 and 06)."""
+    storage = tmp_path_factory.mktemp("fsdp2")
+    result = ray_script(RAY_FSDP2, ray_cluster, storage)
     return final_json(result), storage, result
 
 

@@ -7,23 +7,14 @@ import torch
 import torch.distributed as dist
 
 from common import build_model, evaluate, load_data, make_optimizer, normalize
-from conftest import (assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_script,
-                      load_weights, ray_script)
-
-FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+from conftest import (RAY_FSDP2, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+                      load_script, load_weights, ray_script)
 
 
 def exported_model(storage) -> torch.nn.Module:
     model = build_model("tiny")
     model.load_state_dict(torch.load(latest_ray_checkpoint(storage) / "model.pt", weights_only=True))
     return model
-
-
-@pytest.fixture(scope="module")
-def fsdp2_run(ray_cluster, tmp_path_factory):
-    storage = tmp_path_factory.mktemp("fsdp2")
-    result = ray_script(FSDP2, ray_cluster, storage)
-    return final_json(result), storage, result
 
 
 def test_fsdp2_trains_and_holds_half_the_state_per_rank(fsdp2_run):
@@ -55,9 +46,9 @@ def test_exported_model_reproduces_the_sharded_models_accuracy_on_one_device(fsd
 
 
 def test_sharded_checkpoint_resumes_on_another_number_of_workers(ray_cluster, fsdp2_run, tmp_path):
-    crashed = ray_script(FSDP2, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
+    crashed = ray_script(RAY_FSDP2, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "0")
     assert crashed.returncode != 0
-    resumed = ray_script(FSDP2, ray_cluster, tmp_path, "--resume", "--num-workers", "1")
+    resumed = ray_script(RAY_FSDP2, ray_cluster, tmp_path, "--resume", "--num-workers", "1")
     summary = final_json(resumed)
     assert summary["world_size"] == 1 and "after epoch 1" in resumed.stdout
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
@@ -67,7 +58,7 @@ def test_sharded_checkpoint_resumes_on_another_number_of_workers(ray_cluster, fs
 @pytest.fixture
 def fsdp2_module():
     """The step-04 script as a module, in a one-process gloo group, to look inside its shard_model."""
-    module = load_script(FSDP2)
+    module = load_script(RAY_FSDP2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield module
     dist.destroy_process_group()
