@@ -1,0 +1,196 @@
+"""Step 06: inspect a run, then classify images with Ray Data from every step's checkpoint format, on the shared
+two-node Ray test cluster. Checkpoints come from the step scripts' own smoke runs on synthetic data."""
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from common import build_model, evaluate, load_data, normalize
+from conftest import assert_same_weights, final_json, latest_ray_checkpoint, load_script, python
+
+INFER = "06-ray-data-inference/batch_inference.py"
+SYNTHETIC_TEST_IMAGES = 1024
+
+
+@pytest.fixture(scope="module")
+def step06():
+    return load_script(INFER)
+
+
+def infer(address, out, *args, **kwargs):
+    return python(INFER, "--address", address, "--out", str(out), *args, **kwargs)
+
+
+def accuracy_on_one_device(weights: dict, preset: str) -> float:
+    model = build_model(preset)
+    model.load_state_dict(weights)
+    data = load_data("synthetic", "")
+    correct, counted = evaluate(model, data.test_images, data.test_labels, torch.device("cpu")).tolist()
+    return correct / counted
+
+
+def assert_png(path: Path, min_width: int):
+    with Image.open(path) as image:
+        image.load()  # decodes every pixel: a truncated file fails here
+        assert image.format == "PNG" and image.width >= min_width, path
+
+
+def assert_one_line_error(result, message: str):
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_accuracy(ray_cluster, ray_run,
+                                                                                       tmp_path, step06):
+    summary, storage, _ = ray_run
+    run = latest_ray_checkpoint(storage).parent
+    # 100 images per call: the last call gets 24. Two actors, one on each node of the test cluster.
+    result = infer(ray_cluster, tmp_path, "--checkpoint", str(run), "--data", "synthetic", "--actors", "2",
+                   "--batch-size", "100")
+    inference = final_json(result)
+    history = summary["history"]
+    best = max(history, key=lambda epoch: epoch["test_accuracy"])
+    # The run's metrics, every epoch, and the best checkpoint by test accuracy, which is the one classified.
+    assert all(f"{epoch['train_loss']:.4f}" in result.stdout for epoch in history)
+    assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in result.stdout
+    assert inference["accuracy"] == best["test_accuracy"]  # exactly: the same images and weights as the run
+
+    table = pd.read_parquet(tmp_path / "predictions")  # written by Ray Data, one row per image
+    assert sorted(table["id"]) == list(range(SYNTHETIC_TEST_IMAGES))  # every image classified exactly once
+    assert inference["counted"] == SYNTHETIC_TEST_IMAGES == inference["images"]
+    assert (table["predicted"] == table["label"]).sum() == inference["correct"]
+    assert table["predicted_class"].tolist() == [step06.CLASSES[p] for p in table["predicted"]]
+    assert table["probability"].between(0.1, 1.0).all()  # the top one of 10 probabilities is at least 1/10
+    per_class = table.assign(hit=table["predicted"] == table["label"]).groupby("label")["hit"].mean()
+    assert list(inference["per_class_accuracy"].values()) == pytest.approx(per_class.tolist())
+    assert_png(tmp_path / "confusion_matrix.png", 500)
+    assert_png(tmp_path / "samples.png", 800)
+
+    assert result.stdout.count("model tiny |") == 1 and "Traceback" not in result.stderr
+    assert "Data sink Parquet finished" not in result.stderr  # Ray Data's INFO lines stay off the console
+
+
+def test_the_step04_export_reproduces_the_runs_accuracy(ray_cluster, fsdp2_run, tmp_path):
+    model_pt = latest_ray_checkpoint(fsdp2_run[1]) / "model.pt"  # a bare state dict: its folder names the preset
+    inference = final_json(infer(ray_cluster, tmp_path, "--checkpoint", str(model_pt), "--data", "synthetic"))
+    assert inference["model"] == "tiny" and inference["counted"] == SYNTHETIC_TEST_IMAGES
+    assert inference["accuracy"] == fsdp2_run[0]["test_accuracy"]
+
+
+def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp_run, ray_run, fsdp2_run):
+    """Step 01's checkpoint.pt (and its folder), a step-02 Ray checkpoint (step 03 writes the same), step 04's
+    checkpoint folder, model.pt and sharded DCP files: the preset from the checkpoint, the weights of that epoch."""
+    step01_accuracy = ddp_run[0]["test_accuracy"]
+    fsdp2_history = fsdp2_run[0]["history"]
+    fsdp2_first, fsdp2_last = sorted(latest_ray_checkpoint(fsdp2_run[1]).parent.glob("checkpoint_*/"))
+    assert not (fsdp2_first / "model.pt").exists()  # only sharded files: the DCP path
+    formats = {
+        "step 01 checkpoint.pt": (ddp_run[1] / "checkpoint.pt", step01_accuracy),
+        "step 01 --checkpoint-dir": (ddp_run[1], step01_accuracy),
+        "step 02 Ray checkpoint": (latest_ray_checkpoint(ray_run[1]), ray_run[0]["test_accuracy"]),
+        "step 04 Ray checkpoint with model.pt": (fsdp2_last, fsdp2_history[-1]["test_accuracy"]),
+        "step 04 model.pt": (fsdp2_last / "model.pt", fsdp2_history[-1]["test_accuracy"]),
+        "step 04 sharded (DCP)": (fsdp2_first, fsdp2_history[0]["test_accuracy"]),
+    }
+    for name, (path, accuracy) in formats.items():
+        weights, preset = step06.load_weights(step06.find_checkpoint(path), None)
+        assert preset == "tiny", name
+        assert accuracy_on_one_device(weights, preset) == accuracy, name
+    # The last sharded checkpoint, loaded without a process group, is exactly the full model.pt export.
+    assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
+
+
+def test_a_wrong_preset_is_a_one_line_error(ray_run, tmp_path):
+    checkpoint = latest_ray_checkpoint(ray_run[1])
+    result = python(INFER, "--checkpoint", str(checkpoint), "--model", "small", "--data", "synthetic", timeout=60)
+    assert_one_line_error(result, "holds a --model tiny checkpoint, not small; pass --model tiny or leave --model out")
+
+
+def test_a_missing_path_is_a_one_line_error(tmp_path):
+    result = python(INFER, "--checkpoint", str(tmp_path / "nothing"), timeout=60)
+    assert_one_line_error(result, f"no checkpoint at --checkpoint {tmp_path / 'nothing'}")
+
+
+def test_a_folder_with_no_run_is_a_one_line_error_that_names_a_run_when_it_holds_some(ray_run, tmp_path):
+    result = python(INFER, "--checkpoint", str(tmp_path), timeout=60)
+    assert_one_line_error(result, f"--checkpoint {tmp_path} holds no checkpoint and no Ray run")
+    storage = ray_run[1]  # --checkpoint-dir: the runs are one level down
+    result = python(INFER, "--checkpoint", str(storage), timeout=60)
+    assert_one_line_error(result, f"pass one of its runs, e.g. {latest_ray_checkpoint(storage).parent}")
+
+
+def test_a_bare_state_dict_needs_model_and_must_fit_it(step06, fsdp2_run, tmp_path):
+    shutil.copy(latest_ray_checkpoint(fsdp2_run[1]) / "model.pt", tmp_path)  # away from its Ray metadata
+    with pytest.raises(SystemExit, match="does not say which model it holds; pass --model"):
+        step06.load_weights(tmp_path / "model.pt", None)
+    with pytest.raises(SystemExit, match="does not hold a --model small model"):
+        step06.load_weights(tmp_path / "model.pt", "small")
+    assert step06.load_weights(tmp_path / "model.pt", "tiny")[1] == "tiny"
+
+
+def write_image_folder(folder: Path) -> list[Path]:
+    """PNGs and a JPEG of several sizes and modes, one in a subfolder and one whose name Ray Data would skip
+    ("_..."), plus a text file and a broken PNG. Returns the real images."""
+    sizes = {"a.png": (32, 32, "RGB"), "wide.png": (64, 48, "RGB"), "tall_gray.png": (7, 200, "L"),
+             "big_alpha.png": (300, 300, "RGBA"), "palette.png": (33, 31, "P"), "_underscore.png": (40, 40, "RGB"),
+             "more/photo.jpg": (60, 50, "RGB")}
+    rng = np.random.default_rng(0)
+    (folder / "more").mkdir(parents=True)
+    for name, (width, height, mode) in sizes.items():
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))  # a PNG signature, then nothing valid
+    return [(folder / name).resolve() for name in sizes]
+
+
+def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_line(ray_cluster, fsdp2_run,
+                                                                                     tmp_path, step06):
+    images = write_image_folder(tmp_path / "photos")
+    model_pt = latest_ray_checkpoint(fsdp2_run[1]) / "model.pt"
+    out = tmp_path / "out"
+    result = infer(ray_cluster, out, "--checkpoint", str(model_pt), "--images", str(tmp_path / "photos"),
+                   "--batch-size", "3")
+    inference = final_json(result)
+    table = pd.read_parquet(out / "predictions")
+    assert sorted(table["path"]) == sorted(map(str, images)) and inference["images"] == len(images)
+    skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
+    assert skipped == ["skipped 2 file(s) that Pillow cannot read as images: broken.png, notes.txt"]
+    assert "label" not in table and "accuracy" not in inference and not (out / "confusion_matrix.png").exists()
+    assert_png(out / "samples.png", 500)
+
+    # The actors' answers are the plain model's on the same 32x32 pixels.
+    model = build_model("tiny")
+    model.load_state_dict(torch.load(model_pt, weights_only=True))
+    pixels = [step06.decode_image(dict(path=path, bytes=Path(path).read_bytes()))[0]["image"] for path in table["path"]]
+    with torch.no_grad():
+        probabilities = model.eval()(normalize(torch.from_numpy(np.stack(pixels)))).softmax(1)
+    assert table["predicted"].tolist() == probabilities.argmax(1).tolist()
+    np.testing.assert_allclose(table["probability"], probabilities.max(1).values.numpy(), rtol=1e-5)
+
+
+def test_images_with_every_cpu_taken_by_actors_is_refused_rather_than_a_hang(ray_cluster, tmp_path, fsdp2_run):
+    """The actors hold their CPUs for the whole run; the tasks that read the files would never start."""
+    write_image_folder(tmp_path / "photos")
+    result = infer(ray_cluster, tmp_path / "out", "--checkpoint", str(latest_ray_checkpoint(fsdp2_run[1])),
+                   "--images", str(tmp_path / "photos"), "--actors", "2", timeout=90)
+    assert_one_line_error(result, "--actors 2 would hold all 2 CPUs of the cluster and leave none to read --images; "
+                                  "use --actors 1")
+
+
+def red_pixels(path: Path) -> int:
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("RGB")).astype(int)
+    return int(((pixels[..., 0] > 200) & (pixels[..., 1] < 60) & (pixels[..., 2] < 60)).sum())
+
+
+def test_sample_grid_frames_mistakes_in_red_and_only_mistakes(step06, tmp_path):
+    gray = np.full((2, 3, 32, 32), 128, dtype=np.uint8)
+    rows = pd.DataFrame(dict(label=[3, 5], predicted=[3, 3], predicted_class=["cat", "cat"], probability=[0.9, 0.6]))
+    step06.save_sample_grid(gray, rows, ["true: cat", "true: dog"], tmp_path / "one_mistake.png")
+    step06.save_sample_grid(gray, rows.assign(label=3), ["true: cat", "true: cat"], tmp_path / "none.png")
+    assert red_pixels(tmp_path / "one_mistake.png") > 100 and red_pixels(tmp_path / "none.png") == 0
