@@ -20,7 +20,6 @@ compute accuracy or draw plots (the driver reads the Parquet back for those, on 
 free: Ray and the actors start before the first image is classified. It pays off with many files to
 decode, or many GPUs to keep busy.
 """
-import argparse
 import io
 import json
 import logging
@@ -38,8 +37,10 @@ import torch.distributed.checkpoint as dcp
 from matplotlib.figure import Figure
 from PIL import Image
 
-from common import add_data_flags, build_model, load_data, normalize
-from common.ray_setup import add_cluster_flags, check_cluster_can_hold, start_ray
+from common import build_model, load_data, normalize
+from common.errors import fail
+from common.flags import Parser, add_data_flags, check_data_flags, flag_value
+from common.ray_setup import add_cluster_flags, check_cluster_and_choose_gpu, start_ray
 
 STEP = "ray_data_inference"
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -47,7 +48,7 @@ SAMPLES = 32  # images in the sample grid
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(__doc__, check_flags)
     parser.add_argument("--checkpoint", required=True, help="a Ray run folder of steps 02-04, or one checkpoint")
     add_data_flags(parser)
     # The checkpoint names its preset: --model only checks it, or names the preset of a bare model.pt.
@@ -69,7 +70,7 @@ def main():
 
     start_ray(args.address)
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # its INFO and WARNING lines; not its progress bar
-    use_gpu = check_cluster_can_hold(args.actors, "--actors", args.use_gpu)
+    use_gpu = check_cluster_and_choose_gpu(args, "--actors")
     if args.images:
         check_a_cpu_is_left_to_read(args.actors)
     context = ray.data.DataContext.get_current()
@@ -93,7 +94,7 @@ def main():
     predictions.write_parquet(str((out / "predictions").resolve()), mode="overwrite")
     seconds = time.perf_counter() - start
     if not any((out / "predictions").glob("*.parquet")):  # only possible with --images
-        raise SystemExit(f"error: none of the {len(files)} files in --images {args.images} is an image Pillow can "
+        raise fail(f"none of the {len(files)} files in --images {args.images} is an image Pillow can "
                          f"read; pass a folder of PNG or JPEG files")
     table = pd.read_parquet(out / "predictions")
     print(f"{len(table):,} images in {seconds:.1f} s: {len(table) / seconds:,.0f} images/s "
@@ -109,10 +110,17 @@ def main():
     print(json.dumps(summary))
 
 
+def check_flags(parser: Parser, args) -> None:
+    check_data_flags(parser, args)
+    for flag in ("--actors", "--batch-size"):
+        if flag_value(args, flag) < 1:
+            parser.reject(args, flag, "must be at least 1")
+
+
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint file or folder is used as it is; a Ray run folder is inspected and gives its best checkpoint."""
     if not path.exists():
-        raise SystemExit(f"error: no checkpoint at --checkpoint {path}; pass a checkpoint file or folder, or a Ray "
+        raise fail(f"no checkpoint at --checkpoint {path}; pass a checkpoint file or folder, or a Ray "
                          f"run folder (<checkpoint-dir>/<step>-<date>-<time>)")
     if path.is_file() or any((path / name).exists() for name in ("checkpoint.pt", "model.pt", ".metadata")):
         return path
@@ -127,9 +135,9 @@ def inspect_run(path: Path) -> Path:
     except RuntimeError:  # no run snapshot: not a Ray run folder
         runs = sorted({p.parent for p in path.glob("*/checkpoint_*/")})
         hint = f"pass one of its runs, e.g. {runs[-1]}" if runs else "pass a checkpoint or a Ray run folder"
-        raise SystemExit(f"error: --checkpoint {path} holds no checkpoint and no Ray run; {hint}")
+        raise fail(f"--checkpoint {path} holds no checkpoint and no Ray run; {hint}")
     if result.metrics is None:
-        raise SystemExit(f"error: the run in {path} has no checkpoint yet; pass a run that finished an epoch")
+        raise fail(f"the run in {path} has no checkpoint yet; pass a run that finished an epoch")
     # metrics_dataframe: one row per checkpoint Ray kept (steps 02-04 keep the best 2) with the metrics reported
     # with it. Every epoch's metrics are in the history that each report of these steps carries in its summary.
     kept = result.metrics_dataframe["epoch"]
@@ -156,7 +164,7 @@ def load_weights(path: Path, model_flag: str | None) -> tuple[dict, str]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {file} is not a PyTorch checkpoint ({type(e).__name__}); pass a checkpoint.pt, "
+        raise fail(f"{file} is not a PyTorch checkpoint ({type(e).__name__}); pass a checkpoint.pt, "
                          f"a model.pt or a checkpoint folder")
     if "model_preset" in state:  # steps 01-03: model, optimizer, scheduler, epoch, history, model_preset
         state, saved_preset = state["model"], state["model_preset"]
@@ -167,10 +175,10 @@ def load_weights(path: Path, model_flag: str | None) -> tuple[dict, str]:
 
 def check_preset(path: Path, saved: str | None, model_flag: str | None) -> str:
     if saved is None and model_flag is None:
-        raise SystemExit(f"error: {path} does not say which model it holds; pass --model (the preset it was trained "
+        raise fail(f"{path} does not say which model it holds; pass --model (the preset it was trained "
                          f"with)")
     if saved and model_flag and saved != model_flag:
-        raise SystemExit(f"error: {path} holds a --model {saved} checkpoint, not {model_flag}; pass --model {saved} "
+        raise fail(f"{path} holds a --model {saved} checkpoint, not {model_flag}; pass --model {saved} "
                          f"or leave --model out")
     return saved or model_flag
 
@@ -180,7 +188,7 @@ def check_fits(state: dict, preset: str, path: Path) -> None:
     with torch.device("meta"):  # shapes only, no memory
         expected = {name: t.shape for name, t in build_model(preset).state_dict().items()}
     if {name: t.shape for name, t in state.items()} != expected:
-        raise SystemExit(f"error: {path} does not hold a --model {preset} model; pass the --model it was trained with")
+        raise fail(f"{path} does not hold a --model {preset} model; pass the --model it was trained with")
 
 
 def load_sharded(folder: Path, preset: str) -> dict:
@@ -198,9 +206,9 @@ def image_files(folder: Path, limit: int | None) -> list[Path]:
     starting with "." or "_" without a word; files that are not images are named after the run."""
     files = sorted(p.resolve() for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     if not files:
-        raise SystemExit(f"error: --images {folder} is not a folder with files in it; pass a folder of images")
+        raise fail(f"--images {folder} is not a folder with files in it; pass a folder of images")
     if limit is not None and not 0 < limit <= len(files):
-        raise SystemExit(f"error: --eval-images {limit} must be between 1 and {len(files)}")
+        raise fail(f"--eval-images {limit} must be between 1 and {len(files)}")
     return files[:limit]
 
 
@@ -210,7 +218,7 @@ def check_a_cpu_is_left_to_read(actors: int) -> None:
     cpus = int(ray.cluster_resources().get("CPU", 0))
     if actors >= cpus:
         fix = f"use --actors {cpus - 1}" if cpus > 1 else "give the cluster a second CPU"
-        raise SystemExit(f"error: --actors {actors} would hold all {cpus} CPUs of the cluster and leave none to read "
+        raise fail(f"--actors {actors} would hold all {cpus} CPUs of the cluster and leave none to read "
                          f"--images; {fix}")
 
 

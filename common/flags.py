@@ -19,39 +19,55 @@ EVAL_SIZES = {"cifar10": 10_000, "cifar10-val": VALIDATION_SIZE, "synthetic": SY
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with one-line errors printed once, and every flag checked as soon as it is parsed."""
+    """argparse, with one-line errors printed once, and every flag checked by `check` as soon as it is parsed."""
+
+    def __init__(self, description: str, check):
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.check = check
 
     def error(self, message):
         if first_process():
             print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
+    def reject(self, args, flag: str, rule: str):
+        self.error(f"{flag} {flag_value(args, flag)} {rule}")
+
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
-        check_flags(self, parsed)
+        self.check(self, parsed)
         return parsed
 
 
+def flag_value(args, flag: str):
+    return getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+
+
 def make_parser(description: str, step: str) -> Parser:
-    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description, check_flags)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size, split evenly over processes")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
-    p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
-                   help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
+    add_data_flags(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
-    p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
     p.add_argument("--fail-at-epoch", type=int, help="crash one process after this epoch's checkpoint (practice)")
     p.set_defaults(launched=time.time())  # wall time and time to first step count from here
     return p
+
+
+def add_data_flags(p: Parser) -> None:
+    """The model and the images it is scored on: flags the training steps share with step 06 (inference)."""
+    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
+    p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
+                   help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
+    p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
 
 
 def add_fsdp2_flags(parser: Parser) -> Parser:
@@ -65,17 +81,15 @@ def add_fsdp2_flags(parser: Parser) -> Parser:
 
 def check_flags(parser: Parser, args) -> None:
     """Values in range, flags that agree with each other, folders that can be written: before any work."""
-    def value(flag: str):
-        return getattr(args, flag.removeprefix("--").replace("-", "_"), None)
-
     def bad(flag: str, rule: str):
-        parser.error(f"{flag} {value(flag)} {rule}")
+        parser.reject(args, flag, rule)
 
-    for flag in ("--epochs", "--batch-size", "--steps-per-epoch", "--eval-images", "--num-workers"):
-        if value(flag) is not None and value(flag) < 1:
+    check_data_flags(parser, args)
+    for flag in ("--epochs", "--batch-size", "--steps-per-epoch", "--num-workers"):
+        if flag_value(args, flag) is not None and flag_value(args, flag) < 1:
             bad(flag, "must be at least 1")
     for flag in ("--weight-decay", "--warmup-epochs", "--seed", "--max-failures"):
-        if value(flag) is not None and not value(flag) >= 0:
+        if flag_value(args, flag) is not None and not flag_value(args, flag) >= 0:
             bad(flag, "must be 0 or more")
     if not args.lr > 0:
         bad("--lr", "must be greater than 0 (the recipe's is 2e-3)")
@@ -85,20 +99,28 @@ def check_flags(parser: Parser, args) -> None:
         bad("--warmup-epochs", f"is longer than --epochs {args.epochs}; use at most {args.epochs}")
     if args.fail_at_epoch is not None and not 1 <= args.fail_at_epoch <= args.epochs:
         bad("--fail-at-epoch", f"must be between 1 and --epochs {args.epochs}")
-    if args.eval_images and args.eval_images > EVAL_SIZES[args.data]:
-        bad("--eval-images", f"is more than the {EVAL_SIZES[args.data]:,} evaluation images of --data {args.data}")
-    world_size = value("--num-workers") or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
+    world_size = flag_value(args, "--num-workers") or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
     if args.batch_size % world_size:
         bad("--batch-size", f"does not split evenly over {world_size} processes; use a multiple of {world_size}")
     if args.batch_size > TRAIN_SIZES[args.data]:
         bad("--batch-size", f"is larger than the {TRAIN_SIZES[args.data]:,} training images; use at most that")
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # absolute: Ray's workers start elsewhere
-    if args.data != "synthetic" and not cache_exists(Path(args.data_dir)) and not can_create(args.data_dir):
-        bad("--data-dir", "has no CIFAR-10 cache and cannot be created to download one; pass a writable folder")
     if "://" not in args.checkpoint_dir:  # a local path (Ray also takes URIs such as s3://bucket/runs)
         args.checkpoint_dir = str(Path(args.checkpoint_dir).expanduser().resolve())
         if not can_create(args.checkpoint_dir):
             bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
+
+
+def check_data_flags(parser: Parser, args) -> None:
+    """The flags of add_data_flags."""
+    if args.eval_images is not None and args.eval_images < 1:
+        parser.reject(args, "--eval-images", "must be at least 1")
+    if args.eval_images and args.eval_images > EVAL_SIZES[args.data]:
+        parser.reject(args, "--eval-images",
+                      f"is more than the {EVAL_SIZES[args.data]:,} evaluation images of --data {args.data}")
+    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # absolute: Ray's workers start elsewhere
+    if args.data != "synthetic" and not cache_exists(Path(args.data_dir)) and not can_create(args.data_dir):
+        parser.reject(args, "--data-dir", "has no CIFAR-10 cache and cannot be created to download one; "
+                                          "pass a writable folder")
 
 
 def can_create(folder: str) -> bool:

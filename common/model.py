@@ -1,4 +1,5 @@
 """The model every step trains: torchvision's VisionTransformer, sized for 32x32 images."""
+import warnings
 from functools import partial
 
 from torch import nn
@@ -18,6 +19,11 @@ PRESETS = {
     "huge": dict(num_layers=32, num_heads=16, hidden_dim=1280, mlp_dim=5120),
     "giant": dict(num_layers=36, num_heads=16, hidden_dim=1536, mlp_dim=6144),
 }
+
+# The stem ends in a 1x1 convolution whose weight gradient comes with other strides (on its size-1
+# dimensions) than the weight: DDP copies those 8,192 numbers into its bucket instead of viewing them,
+# and would say so once per process, in every step.
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 # The unit that FSDP shards and gathers one at a time (steps 03 and 04).
 TRANSFORMER_BLOCK = EncoderBlock

@@ -10,6 +10,7 @@ import ray
 import ray.train
 
 from .errors import fail
+from .flags import flag_value
 from .training import check_compatible
 
 POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see start_ray)
@@ -18,13 +19,18 @@ POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see
 def add_ray_flags(parser):
     """The Ray steps' own flags, added to make_parser's; returns the parser."""
     parser.add_argument("--num-workers", type=int, default=2, help="training processes (one GPU each with --use-gpu)")
+    add_cluster_flags(parser)
+    parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
+    return parser
+
+
+def add_cluster_flags(parser) -> None:
+    """Where the work runs: flags the training steps share with step 06 (inference)."""
     parser.add_argument("--use-gpu", action="store_true", default=None,
                         help="one GPU per worker (default: when the cluster has GPUs)")
     parser.add_argument("--no-gpu", dest="use_gpu", action="store_false", help="CPU workers even on a GPU cluster")
     parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                         help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else start one here)")
-    parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
-    return parser
 
 
 def start_ray(address: str | None) -> None:
@@ -63,20 +69,19 @@ def check_reachable(address: str) -> None:
                    f"there, or leave --address out to start one on this machine")
 
 
-def check_cluster_and_choose_gpu(args) -> bool:
-    """Whether the workers use GPUs (--use-gpu, --no-gpu, else: if the cluster has any), after checking
-    that the cluster can ever hold them: Ray would otherwise wait forever for the resources."""
+def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
+    """Whether the workers (or step 06's actors: flag="--actors") use GPUs (--use-gpu, --no-gpu, else: if the
+    cluster has any), after checking that the cluster can ever hold them: Ray would wait for them forever."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     use_gpu = gpus > 0 if args.use_gpu is None else args.use_gpu
+    count = flag_value(args, flag)
     if use_gpu and gpus == 0:
-        raise fail("--use-gpu but this Ray cluster has no GPUs; drop --use-gpu to train on CPUs")
-    if use_gpu and args.num_workers > gpus:
-        raise fail(f"--num-workers {args.num_workers} needs {args.num_workers} GPUs, the cluster has {gpus}; "
-                   f"use --num-workers {gpus} or fewer")
-    if args.num_workers > cpus:
-        raise fail(f"--num-workers {args.num_workers} needs {args.num_workers} CPUs, the cluster has {cpus}; "
-                   f"use --num-workers {cpus} or fewer")
+        raise fail("--use-gpu but this Ray cluster has no GPUs; drop --use-gpu to run on CPUs")
+    if use_gpu and count > gpus:
+        raise fail(f"{flag} {count} needs {count} GPUs, the cluster has {gpus}; use {flag} {gpus} or fewer")
+    if count > cpus:
+        raise fail(f"{flag} {count} needs {count} CPUs, the cluster has {cpus}; use {flag} {cpus} or fewer")
     return use_gpu
 
 

@@ -51,9 +51,17 @@ SWEEP_ONLY = [
     (["--checkpoint-dir", "s3://bucket/runs"], "error: --checkpoint-dir s3://bucket/runs must be a local or mounted "
      "folder: each trial notes its placement groups there for the sweep to read"),
 ]
+# Step 06 (inference) shares the data flags; every case names a checkpoint, which is looked for after the flags.
+INFERENCE = "06-ray-data-inference/batch_inference.py"
+INFERENCE_CASES = [
+    (["--actors", "0"], "error: --actors 0 must be at least 1"),
+    (["--batch-size", "0"], "error: --batch-size 0 must be at least 1"),
+    *[case for case in EVERY_STEP if case[0][-2] in ("--eval-images", "--data-dir", "--model")],
+]
 CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
     (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY] + [
-    ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY]
+    ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY] + [
+    (INFERENCE, ["--checkpoint", "nowhere", *flags], message) for flags, message in INFERENCE_CASES]
 
 
 def run_main(script, flags, capsys, monkeypatch):
