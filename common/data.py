@@ -116,7 +116,7 @@ def synthetic_split(split: str):
     prototypes = rng.uniform(40, 215, size=(10, 4, 4, 3)).repeat(8, axis=1).repeat(8, axis=2)
     rng = np.random.default_rng(1 if split == "train" else 2)
     labels = rng.integers(0, 10, size=SYNTHETIC_SIZES[split])
-    images = prototypes[labels] + rng.normal(0, 48, size=(len(labels), 32, 32, 3))
+    images = prototypes[labels] + rng.normal(0, 24, size=(len(labels), 32, 32, 3))
     return images.clip(0, 255).astype(np.uint8), labels.astype(np.int64)
 
 

@@ -4,8 +4,8 @@ import pytest
 import ray.train
 
 from common import build_model
-from conftest import (RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
-                      load_weights, python, ray_script)
+from conftest import (ROUNDING, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, final_json,
+                      latest_ray_checkpoint, load_weights, python, ray_script)
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
@@ -28,7 +28,7 @@ def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
 
 
 def test_ray_ddp_equals_torchrun_ddp(ray_run, ddp_run):
-    assert_same_weights(load_weights(ddp_run[1]), load_weights(latest_ray_checkpoint(ray_run[1])), atol=1e-5)
+    assert_same_weights(load_weights(ddp_run[1]), load_weights(latest_ray_checkpoint(ray_run[1])), atol=ROUNDING)
     assert [h["test_accuracy"] for h in ray_run[0]["history"]] == [h["test_accuracy"] for h in ddp_run[0]["history"]]
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint, load_weights,
-                      ray_script)
+from conftest import (ROUNDING, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+                      load_weights, ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
@@ -40,7 +40,7 @@ def test_fsdp1_equals_ddp_with_the_same_seed_and_global_batch(fsdp1_run, ray_run
     assert [h["test_accuracy"] for h in fsdp1["history"]] == [h["test_accuracy"] for h in ddp["history"]]
     assert [h["train_loss"] for h in fsdp1["history"]] == pytest.approx([h["train_loss"] for h in ddp["history"]])
     assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])),
-                        load_weights(latest_ray_checkpoint(fsdp1_run[1])), atol=1e-5)
+                        load_weights(latest_ray_checkpoint(fsdp1_run[1])), atol=ROUNDING)
 
 
 def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
