@@ -1,0 +1,495 @@
+"""The slide deck, slides/workshop.md: true to the scripts and to the measurements, with presenter notes, and
+within a 16:9 frame. Text only: nothing here renders the deck (slides/README.md says how, with Marp).
+
+Code on a slide is the scripts' code:
+
+- Every ```python block comes right after `<!-- code: PATH -->` and every ```diff block right after
+  `<!-- diff: OLD NEW -->` (paths from the repository root); a block without one fails. Marp shows these
+  comments in the presenter notes too, which tells the presenter which file to open.
+- A python block is an excerpt of PATH: consecutive lines of the file, in the file's order. A line that is
+  only `...` marks a gap: what follows comes later in the file. Three liberties, and no others:
+  the whole block may lose a common indentation (every line the same number of leading spaces, so the
+  relative indentation is the file's); a trailing comment may be cut (`x = f(y)  # why` shown as
+  `x = f(y)`); and a line too long for the slide may be broken where Python allows it (between two tokens,
+  inside brackets, not in a string), its continuation indented deeper than the line it continues; rejoined,
+  it is the file's line. Every token of code on a slide is then the file's, in the file's order.
+- In a diff block, a `+` line is a line that `diff -u OLD NEW` adds and a `-` line one it removes, with the
+  same liberties (a continuation line carries the marker of the line it continues); lines that are
+  neither must be in NEW. A diff block need not follow the diff's order.
+- A bash block runs scripts that exist, and each `--flag` after a script is one that script or common/
+  defines (a `01-*` glob must name exactly one folder).
+
+Numbers on a slide are measured ones. A number in prose, bullets, tables, headings or presenter notes (not in
+code: neither code blocks nor `inline code`, which hold flag values, commands and code) must appear in
+README.md or in a file under benchmarks/published/, if it is a measurement-like number: one with a decimal
+point (42.55%, 0.887, 1.68x, 24.1 s, 7.60 GiB), one with a unit (%, x, s, ms, MB, GB, GiB, M, B, images/s),
+or an integer of 100 or more (266 images/s, 2,066 s). Integers below 100 without a unit (step numbers, "2
+workers", "10 epochs", the diff sizes below 100) are not checked, nor the minutes of the presenter notes.
+
+Presenter notes: Marp shows every HTML comment that is not a directive as a presenter note. Every slide has
+at least one note (besides the code attributions) that says how long the slide takes: "~N min". Their
+total is stated in slides/README.md.
+
+The budget: Marp's default theme shrinks a code block whose longest line is wider than the slide (measured:
+at 1280x720, 72 columns fit at full size, 75 are shrunk to 0.98), and a slide whose content is taller than
+the frame is cut at the bottom. So code lines have at most MAX_CODE_COLUMNS characters, a code block at most
+MAX_CODE_LINES lines, and a slide's estimated height is at most SLIDE_HEIGHT, the 563 pixels between the
+default theme's top and bottom padding. estimated_height adds up headings, bullets and paragraphs (wrapped at
+the measured width of text and inline code), code lines and table rows, with the theme's margins; its
+constants were measured in Chromium with slides/measure.cjs, and on this deck it agrees with Chromium to
+2 pixels or errs high (a bullet close to the edge is counted as wrapped).
+"""
+import collections
+import functools
+import glob
+import io
+import math
+import re
+import subprocess
+import tokenize
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import ROOT
+
+DECK = ROOT / "slides/workshop.md"
+MAX_CODE_COLUMNS = 72
+MAX_CODE_LINES = 14
+SLIDE_HEIGHT = 563  # px: 720 minus the default theme's top and bottom padding
+
+# Marp's default theme at 1280x720, measured in Chromium on renders of this deck: line heights and margins in
+# pixels, and the width of text (a character of text, of inline code, and each inline code's padding).
+GAP = 16  # between two blocks (headings, paragraphs, lists, code blocks, tables)
+H1_LINE, H1_CODE_LINE, H1_PADDING, H1_CHAR = 58, 62, 14, 23.5  # a heading line with inline code is taller
+TEXT_LINE, ITEM_GAP, TEXT_CHAR, CODE_CHAR, CODE_PADDING = 43.5, 7, 14, 15, 14
+LIST_WIDTH, TEXT_WIDTH = 1065, 1123  # a bullet's text, a paragraph's
+CODE_LINE, CODE_PADDING_Y = 28.35, 34.3
+ROW_HEIGHT, CELL_PADDING = 57, 26  # a table row of one line; the padding of each cell
+WRAP_MARGIN = 0.95  # text wraps at a word: count a line as full a little early
+
+MARP_DIRECTIVES = {"theme", "style", "headingDivider", "size", "math", "title", "description", "author", "image",
+                   "keywords", "url", "marp", "paginate", "header", "footer", "class", "backgroundColor",
+                   "backgroundImage", "backgroundPosition", "backgroundRepeat", "backgroundSize", "color", "lang"}
+MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
+NUMBER = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)(?![\d])")
+UNIT = re.compile(r"\s?(%|x(?![\w])|s\b|ms\b|MB\b|GB\b|GiB\b|M\b|B\b|images/s|img/s)")
+
+
+@dataclass
+class Block:
+    """A fenced code block: its language, its lines, and the attribution comment just before it (if any)."""
+    lang: str
+    lines: list
+    source: str | None
+
+
+@dataclass
+class Slide:
+    number: int
+    title: str = ""
+    prose: list = field(default_factory=list)  # markdown lines outside code blocks and comments
+    blocks: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # presenter notes: comments that are neither directives nor sources
+
+
+def parse_deck(text: str) -> list:
+    """The slides of a Marp deck: front matter dropped, split at `---` lines outside code and comments."""
+    lines = text.splitlines()
+    assert lines[0] == "---", "the deck starts with Marp front matter"
+    end = lines.index("---", 1)
+    slides, slide, i = [], Slide(1), end + 1
+    attribution = None  # the last comment, if nothing but blank lines came after it
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            lang, body = line[3:].strip(), []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            slide.blocks.append(Block(lang, body, attribution))
+            attribution = None
+        elif line.lstrip().startswith("<!--"):
+            comment = [line]
+            while "-->" not in comment[-1]:
+                i += 1
+                comment.append(lines[i])
+            content = "\n".join(comment).strip()[4:-3].strip()
+            attribution = None
+            if re.fullmatch(r"(code|diff):.*", content):
+                attribution = content
+            elif not re.fullmatch(r"_?(\w+):.*", content) or content.lstrip("_").split(":")[0] not in MARP_DIRECTIVES:
+                slide.notes.append(content)
+        elif line == "---":
+            slides.append(slide)
+            slide, attribution = Slide(slide.number + 1), None
+        elif line.strip():
+            slide.prose.append(line)
+            slide.title = slide.title or line.lstrip("# ").strip()
+            attribution = None
+        i += 1
+    slides.append(slide)
+    return slides
+
+
+SLIDES = parse_deck(DECK.read_text())
+BLOCKS = [(slide, block) for slide in SLIDES for block in slide.blocks]
+
+
+def slide_id(slide) -> str:
+    return f"{slide.number}: {slide.title}"
+
+
+# --- code excerpts ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Source:
+    """A Python file's lines, where each line may be broken (after a token, inside brackets, outside any
+    f-string) and where its trailing comment starts."""
+    lines: list
+    breaks: dict
+    comments: dict
+
+
+@functools.cache
+def python_source(path: str) -> Source:
+    return parse_source((ROOT / path).read_text())
+
+
+def parse_source(text: str) -> Source:
+    breaks, comments, depth, fstrings = collections.defaultdict(set), {}, 0, 0
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    for token, following in zip(tokens, tokens[1:], strict=False):
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+        elif token.type == getattr(tokenize, "FSTRING_START", None):
+            fstrings += 1
+        elif token.type == getattr(tokenize, "FSTRING_END", None):
+            fstrings -= 1
+        elif token.type == tokenize.COMMENT:
+            comments[token.start[0] - 1] = token.start[1]
+        if depth > 0 and not fstrings and following.start[0] == token.end[0] and \
+                following.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+            breaks[token.end[0] - 1].add(token.end[1])
+    return Source(text.splitlines(), breaks, comments)
+
+
+def matches(source: Source, i: int, shown: list, k: int, dedent: int):
+    """How many slide lines, from shown[k], show line i of the source (dedented); None if they do not.
+
+    shown[k] is the line; or its start, cut before a trailing comment; or its start, broken where Python
+    allows (inside brackets, between tokens) and continued on the next slide lines, each indented deeper
+    than shown[k]."""
+    line = source.lines[i]
+    if not line.startswith(" " * dedent):
+        return None
+    want, first = line[dedent:], shown[k].rstrip()
+    if not first or not want.startswith(first):
+        return None
+    indent = len(shown[k]) - len(shown[k].lstrip())
+    used, done = 1, len(first)
+    while want[done:].strip():
+        stripped = want[done:].lstrip()
+        if stripped.startswith("#") and source.comments.get(i) == dedent + len(want) - len(stripped):
+            return used  # a cut trailing comment
+        follows = shown[k + used].rstrip() if k + used < len(shown) else ""
+        continuation = follows.strip()
+        deeper = len(follows) - len(continuation) > indent
+        if not (deeper and continuation and stripped.startswith(continuation) and dedent + done in source.breaks[i]):
+            return None
+        done, used = len(want) - len(stripped) + len(continuation), used + 1  # a broken line, continued
+    return used
+
+
+def find_segment(source: Source, segment: list, start: int, dedent: int):
+    """The end (exclusive) of the first run of source lines from `start` that the segment shows; None if none."""
+    for first in range(start, len(source.lines)):
+        i, k = first, 0
+        while k < len(segment) and i < len(source.lines):
+            used = matches(source, i, segment, k, dedent)
+            if used is None:
+                break
+            i, k = i + 1, k + used
+        if k == len(segment):
+            return i
+    return None
+
+
+def excerpt_problem(block_lines: list, source: Source):
+    """None if the block is an excerpt of the source (see the module docstring), else what is wrong."""
+    segments, segment = [], []
+    for line in block_lines:
+        if line.strip() == "...":
+            segments.append(segment)
+            segment = []
+        elif line.strip():
+            segment.append(line)
+    segments = [s for s in segments + [segment] if s]
+    for dedent in range(0, 41):
+        start = 0
+        for segment in segments:
+            start = find_segment(source, segment, start, dedent)
+            if start is None:
+                break
+        else:
+            return None
+    lost = [line for segment in segments for k, line in enumerate(segment)
+            if not any(matches(source, i, segment, k, d) for i in range(len(source.lines)) for d in range(41))]
+    if lost:
+        return f"not a line of the file, nor its start: {lost[0]!r}"
+    return "lines of the file, but not consecutive or not in the file's order (mark a gap with a '...' line)"
+
+
+def changed_lines(old: str, new: str) -> dict:
+    """Line numbers (from 0) of what `diff -u old new` removes from old ("-") and adds to new ("+")."""
+    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
+    changed, at = {"+": [], "-": []}, {}
+    for line in diff.splitlines():
+        if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):
+            at = {"-": int(hunk.group(1)) - 1, "+": int(hunk.group(2)) - 1}
+        elif line[:1] in "+-" and line[:3] not in ("+++", "---"):
+            changed[line[0]].append(at[line[0]])
+            at[line[0]] += 1
+        elif line[:1] == " ":
+            at = {sign: n + 1 for sign, n in at.items()}
+    return changed
+
+
+def diff_problem(block_lines: list, old: str, new: str):
+    """None if every +/- line of the block is a line the diff adds/removes, and every other line is in NEW."""
+    changed = changed_lines(old, new)
+    sources = {"+": python_source(new), "-": python_source(old), " ": python_source(new)}
+    candidates = {**changed, " ": range(len(sources[" "].lines))}
+    marked = [line for line in block_lines if line.strip()]
+    if any(line[0] not in "+- " for line in marked):
+        return "every line of a diff block starts with '+', '-' or ' '"
+    stuck = 0
+    for dedent in range(0, 41):
+        k = 0
+        while k < len(marked):
+            sign = marked[k][0]
+            run = [line[1:] for line in marked[k:]]
+            run = run[:next((j for j, line in enumerate(marked[k:]) if line[0] != sign), len(run))]
+            used = next((u for i in candidates[sign] if (u := matches(sources[sign], i, run, 0, dedent))), None)
+            if used is None:
+                stuck = max(stuck, k)
+                break
+            k += used
+        else:
+            return None
+    return f"`diff -u {old} {new}` does not show this line with that marker: {marked[stuck]!r}"
+
+
+@pytest.mark.parametrize("slide, block", [(s, b) for s, b in BLOCKS if b.lang in ("python", "diff")],
+                         ids=lambda x: slide_id(x) if isinstance(x, Slide) else x.lang)
+def test_every_excerpt_names_its_script_and_is_its_code(slide, block):
+    kind = "code" if block.lang == "python" else "diff"
+    assert block.source and block.source.startswith(f"{kind}:"), \
+        f"slide {slide_id(slide)}: a ```{block.lang} block needs `<!-- {kind}: ... -->` right before it"
+    paths = block.source.split(":", 1)[1].split()
+    for path in paths:
+        assert (ROOT / path).is_file(), f"slide {slide_id(slide)}: no file {path}"
+    if kind == "code":
+        assert len(paths) == 1, f"slide {slide_id(slide)}: `<!-- code: PATH -->` names one file"
+        problem = excerpt_problem(block.lines, python_source(paths[0]))
+    else:
+        assert len(paths) == 2, f"slide {slide_id(slide)}: `<!-- diff: OLD NEW -->` names two files"
+        problem = diff_problem(block.lines, *paths)
+    assert problem is None, f"slide {slide_id(slide)}, {block.source}: {problem}"
+
+
+def test_the_excerpt_check_allows_its_three_liberties_and_nothing_else():
+    source = parse_source("def f(a, b):\n    x = g(a, b, c)  # why\n    y = h(1,\n          2)\n    return x + y\n")
+    assert excerpt_problem(["x = g(a, b, c)"], source) is None  # dedented, comment cut
+    assert excerpt_problem(["x = g(a,", "      b, c)"], source) is None  # broken inside brackets
+    assert excerpt_problem(["def f(a, b):", "...", "    return x + y"], source) is None  # a marked gap
+    assert excerpt_problem(["x = g(a, b, c)  # why", "y = h(1,", "      2)"], source) is None  # verbatim
+    assert excerpt_problem(["x = g(a, b,", "c)"], source)  # a continuation not indented deeper
+    assert excerpt_problem(["x = g(a, b, c)", "    # why"], source)  # a comment moved to the next line
+    assert excerpt_problem(["x = g(a, b, c)  # why not"], source)  # another comment
+    assert excerpt_problem(["def f(a, b):", "    return x + y"], source)  # a gap not marked
+    assert excerpt_problem(["    return x + y", "...", "def f(a, b):"], source)  # out of order
+    assert excerpt_problem(["x = g(a, b, d)"], source)  # not the code
+
+
+def test_only_known_kinds_of_code_blocks():
+    """A block of another language would escape the checks above (text blocks quote program output)."""
+    for slide, block in BLOCKS:
+        assert block.lang in ("python", "diff", "bash", "text"), f"slide {slide_id(slide)}: ```{block.lang}"
+
+
+def commands(block_lines: list) -> list:
+    """The commands of a bash block, continuation lines joined, comments dropped."""
+    joined = "\n".join(line for line in block_lines).replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def defines(script, flag: str) -> bool:
+    """Whether the script (a Python step: or common/, which holds the shared flags) defines the flag."""
+    text = script.read_text()
+    if script.suffix == ".py":
+        text += "".join(p.read_text() for p in sorted((ROOT / "common").glob("*.py")))
+        return f'"{flag}"' in text
+    return re.search(rf"^\s*(\S+\|)?{re.escape(flag)}(\|\S+)?\)", text, flags=re.M) is not None  # a case label
+
+
+@pytest.mark.parametrize("slide, block", [(s, b) for s, b in BLOCKS if b.lang == "bash"],
+                         ids=lambda x: slide_id(x) if isinstance(x, Slide) else x.lang)
+def test_commands_run_scripts_that_exist_with_flags_they_define(slide, block):
+    """A shell launcher's flags are its own; those after a bare `--` go to the Python script it starts."""
+    for command in commands(block.lines):
+        for part in re.split(r"&&|;|\|", command):
+            words = part.split()
+            for script in [w for w in words if w.endswith((".py", ".sh")) and "/" in w]:
+                found = glob.glob(script, root_dir=ROOT)
+                assert len(found) == 1 and (ROOT / found[0]).is_file(), f"slide {slide_id(slide)}: no {script}"
+                target = ROOT / found[0]
+                for word in words[words.index(script) + 1:]:
+                    if word == "--" and target.suffix == ".sh":
+                        started = re.findall(r"(\w+\.py)", target.read_text())
+                        assert len(set(started)) == 1, f"{found[0]} starts {started}: which one gets the flags?"
+                        target = target.parent / started[0]
+                    elif word.startswith("--"):
+                        flag = word.split("=")[0]
+                        assert defines(target, flag), f"slide {slide_id(slide)}: {target.name} defines no {flag}"
+
+
+# --- numbers ---------------------------------------------------------------------------------------------------
+
+def without_code(text: str) -> str:
+    return re.sub(r"`[^`]*`", " ", text)
+
+
+def measured_numbers(text: str) -> list:
+    """The measurement-like numbers in a text (see the module docstring), with their units."""
+    text, found = without_code(text), []
+    for match in NUMBER.finditer(text):
+        number = match.group(1).rstrip(",")
+        unit = UNIT.match(text, match.end())
+        if "." in number or unit or int(number.replace(",", "")) >= 100:
+            found.append(number + (unit.group() if unit else ""))
+    return found
+
+
+def published_numbers() -> set:
+    sources = [ROOT / "README.md", *sorted(p for p in (ROOT / "benchmarks/published").rglob("*") if p.is_file())]
+    numbers = set()
+    for path in sources:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:  # plots
+            continue
+        numbers |= {n.replace(",", "").rstrip(".") for n in re.findall(r"(?<![\d.])\d[\d,]*(?:\.\d+)?", text)}
+    return numbers
+
+
+def test_every_measured_number_on_a_slide_is_in_the_readme_or_the_published_benchmarks():
+    published = published_numbers()
+    unpublished = []
+    for slide in SLIDES:
+        texts = slide.prose + [MINUTES.sub(" ", note) for note in slide.notes]
+        for text in texts:
+            for number in measured_numbers(text):
+                value = re.match(r"[\d,.]+", number).group().replace(",", "")
+                if value not in published:
+                    unpublished.append(f"slide {slide_id(slide)}: {number}")
+    assert not unpublished, "numbers in neither README.md nor benchmarks/published/:\n" + "\n".join(unpublished)
+
+
+def test_the_number_check_sees_what_it_should():
+    assert measured_numbers("acc 42.55%, 0.887 of it, 1.68x, 24.1 s, 266 images/s, 7.60 GiB, 2,066 s") == \
+        ["42.55%", "0.887", "1.68x", "24.1 s", "266 images/s", "7.60 GiB", "2,066 s"]
+    assert measured_numbers("step 02, FSDP2, 2 workers, 10 epochs, CIFAR-10, 3x3 convs, `--epochs 100`") == []
+    assert measured_numbers("Ray 2.60, 57 lines, 122 lines") == ["2.60", "122"]
+
+
+# --- presenter notes -------------------------------------------------------------------------------------------
+
+def minutes(slide) -> float:
+    return sum(float(m) for note in slide.notes for m in MINUTES.findall(note))
+
+
+@pytest.mark.parametrize("slide", SLIDES, ids=slide_id)
+def test_every_slide_has_presenter_notes_with_its_minutes(slide):
+    assert slide.notes, f"slide {slide_id(slide)}: no presenter note (an HTML comment)"
+    assert minutes(slide) > 0, f"slide {slide_id(slide)}: no '~N min' in its presenter notes"
+
+
+def test_slides_readme_states_the_total_of_the_minutes():
+    total = sum(minutes(slide) for slide in SLIDES)
+    readme = (ROOT / "slides/README.md").read_text()
+    assert f"about {total:g} minutes" in readme, f"slides/README.md should say the notes add up to about {total:g} " \
+                                                  f"minutes"
+
+
+def test_the_first_content_slide_is_what_to_install_before_the_workshop():
+    slide = SLIDES[1]
+    assert slide.title == "What you need installed before the workshop"
+    text = "\n".join(slide.prose + [line for block in slide.blocks for line in block.lines])
+    for needed in ("Python 3.10", "pip install -r requirements.txt", "--data-dir", "cifar10_train.npz",
+                   "cifar10_test.npz", "--data synthetic"):
+        assert needed in text, f"the install slide does not say {needed!r}"
+
+
+# --- the budget ------------------------------------------------------------------------------------------------
+
+def text_px(markdown: str, char: float = TEXT_CHAR) -> float:
+    """The width of a line of markdown on the slide, in pixels: markup dropped, inline code wider."""
+    markdown = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)  # links show their text
+    code = re.findall(r"`([^`]*)`", markdown)
+    text = re.sub(r"`[^`]*`", "", markdown).replace("**", "").replace("*", "")
+    return len(text) * char + sum(len(c) * CODE_CHAR * char / TEXT_CHAR + CODE_PADDING for c in code)
+
+
+def wrapped(px: float, width: float) -> int:
+    return max(1, math.ceil(px / (width * WRAP_MARGIN)))
+
+
+def estimated_height(slide) -> float:
+    """The height of the slide's content in pixels: its blocks, and a GAP between two blocks."""
+    blocks, previous = [], None
+    for line in slide.prose:
+        stripped = line.strip()
+        item = re.match(r"(\s*)([-*]|\d+\.)\s+(.*)", line)
+        if stripped.startswith("# "):
+            line_height = H1_CODE_LINE if "`" in stripped else H1_LINE
+            blocks.append(wrapped(text_px(stripped[2:], H1_CHAR), TEXT_WIDTH) * line_height + H1_PADDING)
+            kind = "heading"
+        elif stripped.startswith("## "):
+            blocks.append(wrapped(text_px(stripped[3:], H1_CHAR * 0.8), TEXT_WIDTH) * H1_LINE * 0.8 + 24)
+            kind = "heading"
+        elif stripped.startswith("|"):
+            kind = "table"
+            if re.fullmatch(r"\|[\s:|-]+\|", stripped):
+                continue
+            cells = [c.strip() for c in stripped.strip("|").split("|")]
+            px = sum(text_px(c) + CELL_PADDING for c in cells)
+            height = ROW_HEIGHT + (wrapped(px, TEXT_WIDTH) - 1) * TEXT_LINE
+            blocks[-1:] = [blocks[-1] + height] if previous == "table" else blocks[-1:] + [height]
+        elif item:
+            kind = "list"
+            height = wrapped(text_px(item.group(3)), LIST_WIDTH - 40 * len(item.group(1)) // 2) * TEXT_LINE
+            blocks[-1:] = [blocks[-1] + ITEM_GAP + height] if previous == "list" else blocks[-1:] + [height]
+        else:
+            kind = "paragraph"
+            blocks.append(wrapped(text_px(stripped), TEXT_WIDTH) * TEXT_LINE)
+        previous = kind
+    blocks += [len(block.lines) * CODE_LINE + CODE_PADDING_Y for block in slide.blocks]
+    return sum(blocks) + GAP * (len(blocks) - 1)
+
+
+@pytest.mark.parametrize("slide", SLIDES, ids=slide_id)
+def test_every_slide_fits_the_frame_at_full_size(slide):
+    for block in slide.blocks:
+        assert len(block.lines) <= MAX_CODE_LINES, \
+            f"slide {slide_id(slide)}: a code block of {len(block.lines)} lines (at most {MAX_CODE_LINES})"
+        for line in block.lines:
+            assert len(line) <= MAX_CODE_COLUMNS, \
+                f"slide {slide_id(slide)}: a {len(line)}-column code line (Marp would shrink the block): {line!r}"
+    height = estimated_height(slide)
+    assert height <= SLIDE_HEIGHT, f"slide {slide_id(slide)}: about {height:.0f} px of content, the frame holds " \
+                                   f"{SLIDE_HEIGHT}: split it"
