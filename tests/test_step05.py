@@ -57,8 +57,9 @@ def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
     best = max(recorded, key=lambda trial_id: max(recorded[trial_id]))
     assert report["best"]["trial_id"] == best
     assert report["best"]["best_accuracy"] > 0.2  # 6 steps on the synthetic classes beat chance (10%) clearly
-    # Trial 0 trains the flags as given: the recipe, against which the sweep measures its winner.
-    assert report["trials"][0]["searched"] == "--lr 0.002 --warmup-epochs 1 --weight-decay 0.05"
+    # Trial 0 trains the flags as given (SMOKE's lr, the recipe's warmup and decay): the sweep's yardstick.
+    smoke_lr = float(SMOKE[SMOKE.index("--lr") + 1])
+    assert report["trials"][0]["searched"] == f"--lr {smoke_lr:g} --warmup-epochs 1 --weight-decay 0.05"
     assert len({t["searched"] for t in report["trials"]}) == 3
 
 
