@@ -1,0 +1,136 @@
+"""Where the CPU goes while a step trains: every process's and every training thread's share of the machine.
+
+    python benchmarks/cpu_share.py --out benchmarks/published/cpu-share/torchrun -- \
+        torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --data-dir ../shared/data/cifar10 --epochs 1
+
+Starts the command, waits --after seconds (past start-up, into the first epoch's training loop), reads the CPU
+time of every process and thread on the machine from /proc and the steps on rank 0's progress bar, again
+--seconds later, then stops the command.
+A process that used more than half a core in that window counts as a training process; its threads are listed
+by name (the main thread apart), so a rank's own training thread is told apart from the threads its
+launcher (Ray's core worker) runs beside it. Linux only. Writes results.md and results.json to --out.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--after", type=float, default=45.0, help="seconds after launch when the window opens")
+    p.add_argument("--seconds", type=float, default=60.0, help="length of the measured window")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to measure")
+    args = p.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("no command to measure: put it after --")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "run.log", "w") as log:
+        run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            time.sleep(args.after)
+            if run.poll() is not None:
+                raise SystemExit(f"error: the command ended after {args.after} s, before the window; see {log.name}")
+            before, machine_before, steps_before = cpu_ticks(), machine_ticks(), steps_done(log.name)
+            time.sleep(args.seconds)
+            after, machine_after, steps_after = cpu_ticks(), machine_ticks(), steps_done(log.name)
+        finally:
+            stop(run)  # the window is all we need: the rest of the run would add nothing
+
+    report = summarize(before, after, machine_after - machine_before, args.seconds, command)
+    report["steps_per_s"] = (steps_after - steps_before) / args.seconds
+    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    (args.out / "results.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def stop(run: subprocess.Popen) -> None:
+    """Ctrl-C for the command's whole process group: torchrun passes it to its ranks, and a Ray driver shuts down
+    the local Ray it started (a plain SIGTERM would leave Ray running). SIGKILL if that takes over a minute."""
+    os.killpg(run.pid, signal.SIGINT)
+    try:
+        run.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+
+
+def cpu_ticks() -> dict:
+    """{(pid, tid): (process name, thread name, user + system ticks)} for every thread on the machine."""
+    ticks = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:3]
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                thread, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                name = " ".join(argv).replace("\n", " ").strip() or f"[{thread}]"  # [kernel thread]
+                ticks[pid, tid] = (name, thread, int(fields[11]) + int(fields[12]))  # utime + stime
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended while being read
+    return ticks
+
+
+def steps_done(log: str) -> int:
+    """The optimizer steps rank 0's progress bar shows so far ("epoch 1:  19%|...| 74/390 [...")."""
+    counts = re.findall(r"\| (\d+)/\d+ \[", Path(log).read_text(errors="replace"))
+    if not counts:
+        raise SystemExit(f"error: no progress bar in {log} when the window opened or closed; pass a larger --after")
+    return int(counts[-1])
+
+
+def machine_ticks() -> int:
+    """Busy ticks of the whole machine, all cores (user, nice, system, irq, softirq, steal)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
+
+
+def summarize(before: dict, after: dict, machine_busy: int, seconds: float, command: list) -> dict:
+    cores = lambda ticks: ticks / TICKS / seconds  # noqa: E731
+    per_process, per_thread = defaultdict(int), defaultdict(lambda: defaultdict(int))
+    names = {}
+    for key, (name, thread, ticks) in after.items():
+        used = ticks - before.get(key, (None, None, 0))[2]  # a thread born in the window counts from 0
+        names[key[0]] = name
+        per_process[key[0]] += used
+        per_thread[key[0]]["main thread" if key[0] == key[1] else thread] += used  # OpenMP's threads share its name
+    training = [pid for pid, ticks in per_process.items() if cores(ticks) > 0.5]
+    return dict(
+        command=" ".join(command), window_s=seconds, cpus=os.cpu_count(), machine_busy_cores=cores(machine_busy),
+        training_processes=[dict(pid=int(pid), name=names[pid], cores=cores(per_process[pid]),
+                                 threads={t: cores(n) for t, n in sorted(per_thread[pid].items(), key=lambda x: -x[1])
+                                          if cores(n) >= 0.001})
+                            for pid in sorted(training, key=lambda pid: -per_process[pid])],
+        other_processes=[dict(pid=int(pid), name=names[pid], cores=cores(ticks))
+                         for pid, ticks in sorted(per_process.items(), key=lambda x: -x[1])
+                         if pid not in training and cores(ticks) >= 0.002])
+
+
+def markdown(report: dict) -> str:
+    lines = [f"`{report['command']}`", "",
+             f"{report['window_s']:.0f} s window, {report['cpus']} cores; the machine was busy "
+             f"{report['machine_busy_cores']:.3f} cores on average; rank 0 made {report['steps_per_s']:.3f} optimizer "
+             f"steps per second.", "",
+             "| process | cores | its threads (cores) |", "|---|---|---|"]
+    for p in report["training_processes"]:
+        threads = ", ".join(f"{t} {c:.3f}" for t, c in p["threads"].items())
+        lines.append(f"| {p['pid']} `{p['name'][:60]}` | {p['cores']:.3f} | {threads} |")
+    others = sum(p["cores"] for p in report["other_processes"])
+    lines.append(f"| every other process ({len(report['other_processes'])} over 0.002) | {others:.3f} | |")
+    lines += ["", "| other process | cores |", "|---|---|"]
+    lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
