@@ -56,7 +56,9 @@ def main():
 
 def stop(run: subprocess.Popen) -> None:
     """Ctrl-C for the command's whole process group: torchrun passes it to its ranks, and a Ray driver shuts down
-    the local Ray it started (a plain SIGTERM would leave Ray running). SIGKILL if that takes over a minute."""
+    the local Ray it started (checked: no Ray process is left). SIGKILL if that takes over a minute."""
+    if run.poll() is not None:
+        return  # it already ended
     os.killpg(run.pid, signal.SIGINT)
     try:
         run.wait(timeout=60)
