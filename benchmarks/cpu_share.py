@@ -47,11 +47,12 @@ def main():
         finally:
             stop(run)  # the window is all we need: the rest of the run would add nothing
 
-    report = summarize(before, after, machine_after - machine_before, args.seconds, command)
-    report["steps_per_s"] = (steps_after - steps_before) / args.seconds
+    report = summarize(before, after, machine_after - machine_before, steps_after - steps_before, args.seconds,
+                       command)
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
-    (args.out / "results.md").write_text(markdown(report))
-    print(markdown(report))
+    table = markdown(report)
+    (args.out / "results.md").write_text(table)
+    print(table)
 
 
 def stop(run: subprocess.Popen) -> None:
@@ -97,8 +98,10 @@ def machine_ticks() -> int:
     return sum(fields) - fields[3] - fields[4]  # less idle and iowait
 
 
-def summarize(before: dict, after: dict, machine_busy: int, seconds: float, command: list) -> dict:
-    cores = lambda ticks: ticks / TICKS / seconds  # noqa: E731
+def summarize(before: dict, after: dict, machine_busy: int, steps: int, seconds: float, command: list) -> dict:
+    def cores(ticks: int) -> float:
+        return ticks / TICKS / seconds
+
     per_process, per_thread = defaultdict(int), defaultdict(lambda: defaultdict(int))
     names = {}
     for key, (name, thread, ticks) in after.items():
@@ -109,6 +112,7 @@ def summarize(before: dict, after: dict, machine_busy: int, seconds: float, comm
     training = [pid for pid, ticks in per_process.items() if cores(ticks) > 0.5]
     return dict(
         command=" ".join(command), window_s=seconds, cpus=os.cpu_count(), machine_busy_cores=cores(machine_busy),
+        steps_per_s=steps / seconds,
         training_processes=[dict(pid=int(pid), name=names[pid], cores=cores(per_process[pid]),
                                  threads={t: cores(n) for t, n in sorted(per_thread[pid].items(), key=lambda x: -x[1])
                                           if cores(n) >= 0.001})
