@@ -30,6 +30,19 @@ def load_script(path: str):
     return module
 
 
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """Runs a script's main() in this process, as its command line would, for errors raised before any work:
+    no interpreter to start and no torch or Ray to import again, seconds saved per call. Returns (exit code,
+    stderr lines); a one-line error is a string exit code, which Python prints as the only line on stderr."""
+    def run_main(script, *flags):
+        monkeypatch.setattr(sys, "argv", [script, *flags])
+        with pytest.raises(SystemExit) as exit_info:
+            load_script(script).main()
+        return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+    return run_main
+
+
 def run(cmd, timeout=180, **kwargs):
     """Run a command from the repository root; return the CompletedProcess (text)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

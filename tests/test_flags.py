@@ -1,10 +1,6 @@
 """Every flag of every step is checked as soon as it is parsed: a bad value ends the run before any work,
 with one line on stderr that names the flag, the value and the fix, and exit code 2 (argparse's)."""
-import sys
-
 import pytest
-
-from conftest import load_script
 
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
@@ -64,29 +60,20 @@ CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
     (INFERENCE, ["--checkpoint", "nowhere", *flags], message) for flags, message in INFERENCE_CASES]
 
 
-def run_main(script, flags, capsys, monkeypatch):
-    """The script's main() in this process, as the command line would run it; returns (exit code, stderr lines)."""
-    monkeypatch.setattr(sys, "argv", [script, *flags])
-    with pytest.raises(SystemExit) as exit_info:
-        load_script(script).main()
-    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
-
-
 @pytest.mark.parametrize("script, flags, message", CASES,
                          ids=[f"{s.split('/')[-1]}:{' '.join(f)}" for s, f, _ in CASES])
-def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, message, tmp_path, capsys,
-                                                                 monkeypatch):
+def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, message, tmp_path, run_main):
     file = tmp_path / "a-file"
     file.write_text("")
     flags = [f.replace("{file}", str(file)) for f in flags]
-    code, stderr = run_main(script, flags, capsys, monkeypatch)
+    code, stderr = run_main(script, *flags)
     assert (code, stderr) == (2, [message.replace("{file}", str(file))])
 
 
-def test_under_torchrun_only_rank_0_prints_the_error(capsys, monkeypatch):
+def test_under_torchrun_only_rank_0_prints_the_error(run_main, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert run_main(SCRIPTS[1], ["--batch-size", "33"], capsys, monkeypatch) == (2, [])
+    assert run_main(SCRIPTS[1], "--batch-size", "33") == (2, [])
     monkeypatch.setenv("RANK", "0")
-    assert run_main(SCRIPTS[1], ["--batch-size", "33"], capsys, monkeypatch) == (
+    assert run_main(SCRIPTS[1], "--batch-size", "33") == (
         2, ["error: --batch-size 33 does not split evenly over 2 processes; use a multiple of 2"])

@@ -45,6 +45,12 @@ def assert_one_line_error(result, message: str):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
+def assert_one_line_error_in_process(run_main, flags, message: str):
+    """As assert_one_line_error, for errors raised before Ray starts: step 06's main() run in this process."""
+    error, stderr = run_main(INFER, *flags)
+    assert stderr == [] and error.startswith("error: ") and message in error, (error, stderr)
+
+
 def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_accuracy(ray_cluster, ray_run,
                                                                                        tmp_path, step06):
     summary, storage, _ = ray_run
@@ -105,23 +111,24 @@ def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp
     assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
 
 
-def test_a_wrong_preset_is_a_one_line_error(ray_run, tmp_path):
+def test_a_wrong_preset_is_a_one_line_error(ray_run, run_main):
     checkpoint = latest_ray_checkpoint(ray_run[1])
-    result = python(INFER, "--checkpoint", str(checkpoint), "--model", "small", "--data", "synthetic", timeout=60)
-    assert_one_line_error(result, "holds a --model tiny checkpoint, not small; pass --model tiny or leave --model out")
+    flags = ["--checkpoint", str(checkpoint), "--model", "small", "--data", "synthetic"]
+    assert_one_line_error_in_process(run_main, flags, "holds a --model tiny checkpoint, not small; "
+                                                      "pass --model tiny or leave --model out")
 
 
-def test_a_missing_path_is_a_one_line_error(tmp_path):
-    result = python(INFER, "--checkpoint", str(tmp_path / "nothing"), timeout=60)
-    assert_one_line_error(result, f"no checkpoint at --checkpoint {tmp_path / 'nothing'}")
+def test_a_missing_path_is_a_one_line_error(tmp_path, run_main):
+    assert_one_line_error_in_process(run_main, ["--checkpoint", str(tmp_path / "nothing")],
+                                     f"no checkpoint at --checkpoint {tmp_path / 'nothing'}")
 
 
-def test_a_folder_with_no_run_is_a_one_line_error_that_names_a_run_when_it_holds_some(ray_run, tmp_path):
-    result = python(INFER, "--checkpoint", str(tmp_path), timeout=60)
-    assert_one_line_error(result, f"--checkpoint {tmp_path} holds no checkpoint and no Ray run")
+def test_a_folder_with_no_run_is_a_one_line_error_that_names_a_run_when_it_holds_some(ray_run, tmp_path, run_main):
+    assert_one_line_error_in_process(run_main, ["--checkpoint", str(tmp_path)],
+                                     f"--checkpoint {tmp_path} holds no checkpoint and no Ray run")
     storage = ray_run[1]  # --checkpoint-dir: the runs are one level down
-    result = python(INFER, "--checkpoint", str(storage), timeout=60)
-    assert_one_line_error(result, f"pass one of its runs, e.g. {latest_ray_checkpoint(storage).parent}")
+    assert_one_line_error_in_process(run_main, ["--checkpoint", str(storage)],
+                                     f"pass one of its runs, e.g. {latest_ray_checkpoint(storage).parent}")
 
 
 def test_a_bare_state_dict_needs_model_and_must_fit_it(step06, fsdp2_run, tmp_path):
