@@ -4,11 +4,14 @@
         torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --data-dir ../shared/data/cifar10 --epochs 1
 
 Starts the command, waits --after seconds (past start-up, into the first epoch's training loop), reads the CPU
-time of every process and thread on the machine from /proc and the steps on rank 0's progress bar, again
---seconds later, then stops the command.
+time and context switches of every process and thread on the machine from /proc and the steps on rank 0's
+progress bar, again --seconds later, then stops the command.
 A process that used more than half a core in that window counts as a training process; its threads are listed
 by name (the main thread apart), so a rank's own training thread is told apart from the threads its
-launcher (Ray's core worker) runs beside it. Linux only. Writes results.md and results.json to --out.
+launcher (Ray's core worker) runs beside it. Its busiest thread is its training thread: how often the kernel
+took the CPU from it (involuntary switches: another thread was given the core) and how often it gave the CPU up
+itself (voluntary: it waited, for a peer's gradients for instance). Linux only. Writes results.md and
+results.json to --out.
 """
 import argparse
 import json
@@ -16,9 +19,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
+from benchmarks.compare_steps import describe_machine  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -41,9 +49,9 @@ def main():
             time.sleep(args.after)
             if run.poll() is not None:
                 raise SystemExit(f"error: the command ended after {args.after} s, before the window; see {log.name}")
-            before, machine_before, steps_before = cpu_ticks(), machine_ticks(), steps_done(log.name)
+            before, machine_before, steps_before = thread_stats(), machine_ticks(), steps_done(log.name)
             time.sleep(args.seconds)
-            after, machine_after, steps_after = cpu_ticks(), machine_ticks(), steps_done(log.name)
+            after, machine_after, steps_after = thread_stats(), machine_ticks(), steps_done(log.name)
         finally:
             stop(run)  # the window is all we need: the rest of the run would add nothing
 
@@ -68,9 +76,10 @@ def stop(run: subprocess.Popen) -> None:
         run.wait()
 
 
-def cpu_ticks() -> dict:
-    """{(pid, tid): (process name, thread name, user + system ticks)} for every thread on the machine."""
-    ticks = {}
+def thread_stats() -> dict:
+    """{(pid, tid): (process name, thread name, user + system ticks, voluntary and involuntary context switches)}
+    for every thread on the machine."""
+    stats = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:3]
@@ -78,10 +87,13 @@ def cpu_ticks() -> dict:
                 stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
                 thread, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
                 name = " ".join(argv).replace("\n", " ").strip() or f"[{thread}]"  # [kernel thread]
-                ticks[pid, tid] = (name, thread, int(fields[11]) + int(fields[12]))  # utime + stime
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+                switches = [int(re.search(rf"^{kind}_ctxt_switches:\s+(\d+)", status, re.M)[1])
+                            for kind in ("voluntary", "nonvoluntary")]
+                stats[pid, tid] = (name, thread, int(fields[11]) + int(fields[12]), *switches)  # utime + stime
         except (FileNotFoundError, ProcessLookupError):
             continue  # ended while being read
-    return ticks
+    return stats
 
 
 def steps_done(log: str) -> int:
@@ -103,19 +115,25 @@ def summarize(before: dict, after: dict, machine_busy: int, steps: int, seconds:
         return ticks / TICKS / seconds
 
     per_process, per_thread = defaultdict(int), defaultdict(lambda: defaultdict(int))
-    names = {}
-    for key, (name, thread, ticks) in after.items():
-        used = ticks - before.get(key, (None, None, 0))[2]  # a thread born in the window counts from 0
+    names, busiest = {}, {}
+    for key, (name, thread, ticks, voluntary, involuntary) in after.items():
+        start = before.get(key, (None, None, 0, 0, 0))  # a thread born in the window counts from 0
+        used = ticks - start[2]
         names[key[0]] = name
+        if used > busiest.get(key[0], (0,))[0]:
+            busiest[key[0]] = (used, dict(cores=cores(used), voluntary_switches_per_s=(voluntary - start[3]) / seconds,
+                                          involuntary_switches_per_s=(involuntary - start[4]) / seconds))
         per_process[key[0]] += used
         per_thread[key[0]]["main thread" if key[0] == key[1] else thread] += used  # OpenMP's threads share its name
     training = [pid for pid, ticks in per_process.items() if cores(ticks) > 0.5]
     return dict(
-        command=" ".join(command), window_s=seconds, cpus=os.cpu_count(), machine_busy_cores=cores(machine_busy),
+        command=" ".join(command), machine=describe_machine(), window_s=seconds, cpus=os.cpu_count(),
+        machine_busy_cores=cores(machine_busy),
         steps_per_s=steps / seconds,
         training_processes=[dict(pid=int(pid), name=names[pid], cores=cores(per_process[pid]),
                                  threads={t: cores(n) for t, n in sorted(per_thread[pid].items(), key=lambda x: -x[1])
-                                          if cores(n) >= 0.001})
+                                          if cores(n) >= 0.001},
+                                 training_thread=busiest[pid][1])
                             for pid in sorted(training, key=lambda pid: -per_process[pid])],
         other_processes=[dict(pid=int(pid), name=names[pid], cores=cores(ticks))
                          for pid, ticks in sorted(per_process.items(), key=lambda x: -x[1])
@@ -123,7 +141,7 @@ def summarize(before: dict, after: dict, machine_busy: int, steps: int, seconds:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"`{report['command']}`", "",
+    lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
              f"{report['window_s']:.0f} s window, {report['cpus']} cores; the machine was busy "
              f"{report['machine_busy_cores']:.3f} cores on average; rank 0 made {report['steps_per_s']:.3f} optimizer "
              f"steps per second.", "",
@@ -133,6 +151,11 @@ def markdown(report: dict) -> str:
         lines.append(f"| {p['pid']} `{p['name'][:60]}` | {p['cores']:.3f} | {threads} |")
     others = sum(p["cores"] for p in report["other_processes"])
     lines.append(f"| every other process ({len(report['other_processes'])} over 0.002) | {others:.3f} | |")
+    lines += ["", "| training process | its training thread (cores) | the kernel took its core (per s) "
+              "| it gave its core up (per s) |", "|---|---|---|---|"]
+    lines += [f"| {p['pid']} | {t['cores']:.3f} | {t['involuntary_switches_per_s']:.1f} | "
+              f"{t['voluntary_switches_per_s']:.1f} |" for p in report["training_processes"]
+              for t in [p["training_thread"]]]
     lines += ["", "| other process | cores |", "|---|---|"]
     lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
     return "\n".join(lines) + "\n"

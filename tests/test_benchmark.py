@@ -79,5 +79,11 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
     report = json.loads((tmp_path / "results.json").read_text())
     [busy] = report["training_processes"]  # the stand-in alone used over half a core
     assert busy["cores"] > 0.5 and max(busy["threads"], key=busy["threads"].get) == "main thread"
+    # Its one thread is its training thread, which waits for nothing (its output goes to a file): it gives its core
+    # up rarely, 20 times a second at most.
+    thread = busy["training_thread"]
+    assert thread["cores"] == pytest.approx(busy["threads"]["main thread"])
+    assert 0 <= thread["voluntary_switches_per_s"] <= 25 and thread["involuntary_switches_per_s"] >= 0
     assert report["steps_per_s"] == pytest.approx(10, abs=1.5)
-    assert "optimizer steps per second" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "optimizer steps per second" in table and f"Machine: {report['machine']}" in table
