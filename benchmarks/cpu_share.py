@@ -44,7 +44,8 @@ def main():
 
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "run.log", "w") as log:
-        run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=let_ctrl_c_interrupt)
         try:
             time.sleep(args.after)
             if run.poll() is not None:
@@ -74,6 +75,13 @@ def stop(run: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+
+
+def let_ctrl_c_interrupt() -> None:
+    """In the command's process, before it starts: Ctrl-C's default action back. A shell starts background jobs
+    (`&`, nohup) with SIGINT ignored, which their children inherit; a Python command would then never see the
+    KeyboardInterrupt that stop() relies on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def thread_stats() -> dict:

@@ -1,6 +1,7 @@
 """The benchmark runs the steps side by side and writes a table and plots (tiny settings, no timing claims)."""
 import argparse
 import json
+import signal
 import sys
 
 import pytest
@@ -64,17 +65,23 @@ def test_a_failed_runs_reason_is_ray_out_of_memory_kill_not_the_shutdown_noise_a
     assert compare_steps.last_error_line(log) == "error: --model huge does not fit"
 
 
+def ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_bar(tmp_path):
-    """A stand-in for a step: one process that keeps a core busy while its progress bar advances 10 steps a second."""
+    """A stand-in for a step: one process that keeps a core busy while its progress bar advances 10 steps a second
+    (for 30 s at most, should stop() fail to end it), here with SIGINT ignored, as in a job started in the
+    background: stop()'s Ctrl-C must still reach it."""
     stand_in = ("import sys, time\n"
                 "start = time.time()\n"
-                "while True:\n"
+                "while time.time() - start < 30:\n"
                 "    print(f'epoch 1: |#| {int((time.time() - start) * 10)}/1000 [', file=sys.stderr, flush=True)\n"
                 "    busy_until = time.time() + 0.05\n"
                 "    while time.time() < busy_until:\n"
                 "        pass\n")
     result = python("benchmarks/cpu_share.py", "--after", "1", "--seconds", "2", "--out", str(tmp_path), "--",
-                    sys.executable, "-c", stand_in, timeout=60)
+                    sys.executable, "-c", stand_in, timeout=25, preexec_fn=ignore_ctrl_c)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     [busy] = report["training_processes"]  # the stand-in alone used over half a core
