@@ -43,6 +43,17 @@ def run_main(capsys, monkeypatch):
     return run_main
 
 
+@pytest.fixture
+def main_error(run_main):
+    """The one-line error that a script's main() ends with (see run_main), checked to be one line and alone."""
+    def main_error(script, *flags) -> str:
+        error, stderr = run_main(script, *flags)
+        assert isinstance(error, str) and error.startswith("error: ") and "\n" not in error and stderr == [], (
+            error, stderr)
+        return error
+    return main_error
+
+
 def run(cmd, timeout=180, **kwargs):
     """Run a command from the repository root; return the CompletedProcess (text)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

@@ -94,20 +94,18 @@ def test_batch_that_does_not_split_over_ranks_is_one_line_from_rank_0_only():
     assert 'train_ddp.py", line' not in result.stderr  # no traceback from the script (torchrun adds its own)
 
 
-def test_resume_from_another_preset_is_a_one_line_error(single_run, run_main):
-    error, stderr = run_main(SINGLE, *SMOKE, "--model", "small", "--checkpoint-dir", str(single_run[1]), "--resume")
-    assert stderr == [] and error.startswith("error: ")
+def test_resume_from_another_preset_is_a_one_line_error(single_run, main_error):
+    error = main_error(SINGLE, *SMOKE, "--model", "small", "--checkpoint-dir", str(single_run[1]), "--resume")
     assert "holds a --model tiny checkpoint, not small; pass --model tiny or another --checkpoint-dir" in error
 
 
-def test_missing_checkpoint_is_a_one_line_error(tmp_path, run_main):
-    error, stderr = run_main(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
-    assert stderr == [] and error.startswith(f"error: --resume but no checkpoint at {tmp_path}")
+def test_missing_checkpoint_is_a_one_line_error(tmp_path, main_error):
+    error = main_error(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    assert error.startswith(f"error: --resume but no checkpoint at {tmp_path}")
 
 
-def test_corrupt_data_is_a_one_line_error(tmp_path, run_main):
+def test_corrupt_data_is_a_one_line_error(tmp_path, main_error):
     for name in ("cifar10_train.npz", "cifar10_test.npz"):
         (tmp_path / name).write_bytes(b"garbage")
-    error, stderr = run_main(SINGLE, "--data-dir", str(tmp_path), "--epochs", "1")
-    assert stderr == [] and error.startswith("error: ")
+    error = main_error(SINGLE, "--data-dir", str(tmp_path), "--epochs", "1")
     assert "cifar10_train.npz is corrupt" in error and "delete it" in error

@@ -42,10 +42,9 @@ def test_crashed_worker_is_restarted_from_the_last_checkpoint(ray_cluster, ray_r
     assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])), load_weights(latest_ray_checkpoint(tmp_path)))
 
 
-def test_resume_with_another_preset_is_refused_before_ray_starts(ray_run, run_main):
+def test_resume_with_another_preset_is_refused_before_ray_starts(ray_run, main_error):
     """Checked by the driver: inside a worker the error would count as a failure and be retried."""
-    error, stderr = run_main(RAY_DDP, *SMOKE, "--checkpoint-dir", str(ray_run[1]), "--resume", "--model", "small")
-    assert stderr == [] and error.startswith("error: ")
+    error = main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", str(ray_run[1]), "--resume", "--model", "small")
     assert "holds a --model tiny checkpoint, not small; pass --model tiny" in error
 
 
@@ -59,6 +58,6 @@ def test_requests_the_cluster_cannot_hold_fail_at_once_with_one_line(ray_cluster
     assert message in result.stderr
 
 
-def test_unreachable_address_is_a_one_line_error(tmp_path, run_main):
-    error, stderr = run_main(RAY_DDP, *SMOKE, "--address", "127.0.0.1:9", "--checkpoint-dir", str(tmp_path))
-    assert stderr == [] and error.startswith("error: no Ray cluster answers at --address 127.0.0.1:9")
+def test_unreachable_address_is_a_one_line_error(tmp_path, main_error):
+    error = main_error(RAY_DDP, *SMOKE, "--address", "127.0.0.1:9", "--checkpoint-dir", str(tmp_path))
+    assert error.startswith("error: no Ray cluster answers at --address 127.0.0.1:9")

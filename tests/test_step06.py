@@ -45,12 +45,6 @@ def assert_one_line_error(result, message: str):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
-def assert_one_line_error_in_process(run_main, flags, message: str):
-    """As assert_one_line_error, for errors raised before Ray starts: step 06's main() run in this process."""
-    error, stderr = run_main(INFER, *flags)
-    assert stderr == [] and error.startswith("error: ") and message in error, (error, stderr)
-
-
 def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_accuracy(ray_cluster, ray_run,
                                                                                        tmp_path, step06):
     summary, storage, _ = ray_run
@@ -111,24 +105,24 @@ def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp
     assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
 
 
-def test_a_wrong_preset_is_a_one_line_error(ray_run, run_main):
+# Errors found before Ray starts: step 06's main() in this process (main_error), no interpreter to start.
+def test_a_wrong_preset_is_a_one_line_error(ray_run, main_error):
     checkpoint = latest_ray_checkpoint(ray_run[1])
-    flags = ["--checkpoint", str(checkpoint), "--model", "small", "--data", "synthetic"]
-    assert_one_line_error_in_process(run_main, flags, "holds a --model tiny checkpoint, not small; "
-                                                      "pass --model tiny or leave --model out")
+    error = main_error(INFER, "--checkpoint", str(checkpoint), "--model", "small", "--data", "synthetic")
+    assert "holds a --model tiny checkpoint, not small; pass --model tiny or leave --model out" in error
 
 
-def test_a_missing_path_is_a_one_line_error(tmp_path, run_main):
-    assert_one_line_error_in_process(run_main, ["--checkpoint", str(tmp_path / "nothing")],
-                                     f"no checkpoint at --checkpoint {tmp_path / 'nothing'}")
+def test_a_missing_path_is_a_one_line_error(tmp_path, main_error):
+    error = main_error(INFER, "--checkpoint", str(tmp_path / "nothing"))
+    assert f"no checkpoint at --checkpoint {tmp_path / 'nothing'}" in error
 
 
-def test_a_folder_with_no_run_is_a_one_line_error_that_names_a_run_when_it_holds_some(ray_run, tmp_path, run_main):
-    assert_one_line_error_in_process(run_main, ["--checkpoint", str(tmp_path)],
-                                     f"--checkpoint {tmp_path} holds no checkpoint and no Ray run")
+def test_a_folder_with_no_run_is_a_one_line_error_that_names_a_run_when_it_holds_some(ray_run, tmp_path, main_error):
+    error = main_error(INFER, "--checkpoint", str(tmp_path))
+    assert f"--checkpoint {tmp_path} holds no checkpoint and no Ray run" in error
     storage = ray_run[1]  # --checkpoint-dir: the runs are one level down
-    assert_one_line_error_in_process(run_main, ["--checkpoint", str(storage)],
-                                     f"pass one of its runs, e.g. {latest_ray_checkpoint(storage).parent}")
+    error = main_error(INFER, "--checkpoint", str(storage))
+    assert f"pass one of its runs, e.g. {latest_ray_checkpoint(storage).parent}" in error
 
 
 def test_a_bare_state_dict_needs_model_and_must_fit_it(step06, fsdp2_run, tmp_path):
