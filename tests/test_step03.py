@@ -53,7 +53,7 @@ def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
 
 def test_crashed_worker_restarts_from_the_last_checkpoint(ray_cluster, fsdp1_run, tmp_path):
     """The full-state checkpoint loads back into the sharded model. A --resume run loads it the same way, through
-    ray.train.get_checkpoint() in a fresh worker group: steps 02 and 04 test --resume itself."""
+    ray.train.get_checkpoint() in a fresh worker group: step 04's tests run --resume itself."""
     result = ray_script(RAY_FSDP, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
     assert [h["epoch"] for h in final_json(result)["history"]] == [1, 2] and "after epoch 1" in result.stdout
     uninterrupted = load_weights(latest_ray_checkpoint(fsdp1_run[1]))
