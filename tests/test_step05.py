@@ -2,6 +2,7 @@
 cluster (1 CPU per node): trials of 1 worker, two at a time."""
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -39,9 +40,9 @@ def tune_results(sweep_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def finished_sweep(ray_cluster, tmp_path_factory):
-    """3 trials of 2 tiny epochs; each worker crashes once after epoch 1, which Ray Train restarts within the trial."""
+    """2 trials of 2 tiny epochs; each worker crashes once after epoch 1, which Ray Train restarts within the trial."""
     tmp_path = tmp_path_factory.mktemp("tune")
-    result = sweep(ray_cluster, tmp_path, "--num-samples", "3", "--fail-at-epoch", "1", "--max-failures", "1",
+    result = sweep(ray_cluster, tmp_path, "--num-samples", "2", "--fail-at-epoch", "1", "--max-failures", "1",
                    timeout=480)
     return final_json(result), tmp_path, result
 
@@ -49,7 +50,7 @@ def finished_sweep(ray_cluster, tmp_path_factory):
 def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
     report = finished_sweep[0]
     recorded = tune_results(report["sweep"])
-    assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 3
+    assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 2
     for trial in report["trials"]:
         assert trial["error"] is None and 1 <= trial["epochs_run"] <= 2
         assert trial["best_accuracy"] == max(recorded[trial["trial_id"]])
@@ -60,7 +61,7 @@ def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
     # Trial 0 trains the flags as given (SMOKE's lr, the recipe's warmup and decay): the sweep's yardstick.
     smoke_lr = float(SMOKE[SMOKE.index("--lr") + 1])
     assert report["trials"][0]["searched"] == f"--lr {smoke_lr:g} --warmup-epochs 1 --weight-decay 0.05"
-    assert len({t["searched"] for t in report["trials"]}) == 3
+    assert len({t["searched"] for t in report["trials"]}) == 2
 
 
 def test_a_crashed_worker_restarts_within_its_trial(finished_sweep):
@@ -87,38 +88,34 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert report["train_command"] in result.stdout
 
 
-def test_a_failed_trial_resumes_from_its_checkpoint_with_resume(ray_cluster, tmp_path):
-    """A trial out of restarts ends the sweep with a one-line error; --resume continues it from its checkpoint."""
-    crashed = sweep(ray_cluster, tmp_path, "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
-                    timeout=300)
-    assert crashed.returncode != 0 and "run the same command with --resume" in crashed.stderr
-    resumed = sweep(ray_cluster, tmp_path, "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
-                    "--resume", timeout=300)
-    report = final_json(resumed)
-    assert "resumed from" in resumed.stdout  # Ray Train resumed the trial's run from its checkpoint
-    [trial] = report["trials"]
-    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2]
+def test_a_sweep_stopped_by_a_failed_trial_then_by_an_interruption_resumes_each_time(ray_cluster, tmp_path):
+    """A trial out of restarts ends the sweep with a one-line error; --resume continues the trial from its
+    checkpoint. Interrupted after its second epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a test run in the
+    background may ignore SIGINT), the sweep says so in one line; --resume again finishes the trial from a
+    checkpoint the interrupted run wrote, and the table still counts the epochs trained before each stop."""
+    flags = [*SMOKE, "--epochs", "4", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
+             "--fail-at-epoch", "1", "--max-failures", "0", "--address", ray_cluster,
+             "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    crashed = python(TUNE, *flags, timeout=300)
+    assert crashed.returncode != 0 and "1 trial(s) failed" in crashed.stderr
+    assert "run the same command with --resume" in crashed.stderr
 
-
-def test_an_interrupted_sweep_resumes_with_resume(ray_cluster, tmp_path):
-    """Interrupted after its first epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a test run in the
-    background may ignore SIGINT), the sweep says so in one line; --resume finishes the trial from its
-    checkpoint, and the table still counts the epochs trained before the interruption."""
-    flags = [*SMOKE, "--epochs", "3", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
-             "--address", ray_cluster, "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags], cwd=ROOT, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags, "--resume"], cwd=ROOT, env=env,
+                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in interrupted.stdout:
-        if "epoch 1/3, validation accuracy" in line:
+        if "epoch 2/4, validation accuracy" in line:
             interrupted.send_signal(signal.SIGUSR1)
             break
     _, stderr = interrupted.communicate(timeout=120)
     assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in stderr
+
     resumed = python(TUNE, *flags, "--resume", timeout=300)
     [trial] = final_json(resumed)["trials"]
-    assert "resumed from" in resumed.stdout
-    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3]
+    # Ray Train resumed the trial's run from its newest checkpoint: epoch 2's, or 3's if the worker got that far
+    # while Tune was stopping.
+    assert re.search(r"resumed from \S+ after epoch [23]\b", resumed.stdout)
+    assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3, 4]
 
 
 def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
