@@ -12,8 +12,11 @@ RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
 @pytest.fixture(scope="module")
 def fsdp1_run(ray_cluster, tmp_path_factory):
+    """One step-03 run whose last worker crashes after epoch 1: Ray restarts the worker group, which loads the
+    full-state checkpoint back into the sharded model. One Ray run checks both the sharding and the restart: had
+    the restart lost any state, the run would not end equal to DDP's."""
     storage = tmp_path_factory.mktemp("fsdp1")
-    result = ray_script(RAY_FSDP, ray_cluster, storage)
+    result = ray_script(RAY_FSDP, ray_cluster, storage, "--fail-at-epoch", "1", "--max-failures", "1")
     return final_json(result), storage, result
 
 
@@ -51,13 +54,14 @@ def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
     assert correct / counted == fsdp1_run[0]["test_accuracy"]
 
 
-def test_crashed_worker_restarts_from_the_last_checkpoint(ray_cluster, fsdp1_run, tmp_path):
-    """The full-state checkpoint loads back into the sharded model. A --resume run loads it the same way, through
+def test_crashed_worker_restarts_from_the_last_checkpoint(fsdp1_run):
+    """The restarted group goes on from epoch 1's checkpoint, not from scratch; test_fsdp1_equals_ddp checks that
+    it ends with the uninterrupted weights. A --resume run loads the checkpoint the same way, through
     ray.train.get_checkpoint() in a fresh worker group: step 04's tests run --resume itself."""
-    result = ray_script(RAY_FSDP, ray_cluster, tmp_path, "--fail-at-epoch", "1", "--max-failures", "1")
-    assert [h["epoch"] for h in final_json(result)["history"]] == [1, 2] and "after epoch 1" in result.stdout
-    uninterrupted = load_weights(latest_ray_checkpoint(fsdp1_run[1]))
-    assert_same_weights(uninterrupted, load_weights(latest_ray_checkpoint(tmp_path)))
+    summary, _, result = fsdp1_run
+    assert "resumed from" in result.stdout and "after epoch 1" in result.stdout
+    assert result.stdout.count("epoch 1/2 |") == 1 and result.stdout.count("epoch 2/2 |") == 1
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
 
 
 def test_one_worker_is_refused_in_one_line(tmp_path, run_main):
