@@ -85,22 +85,21 @@ def test_the_step04_export_reproduces_the_runs_accuracy(ray_cluster, fsdp2_run, 
 def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp_run, ray_run, fsdp2_run):
     """Step 01's checkpoint.pt (and its folder), a step-02 Ray checkpoint (step 03 writes the same), step 04's
     checkpoint folder, model.pt and sharded DCP files: the preset from the checkpoint, the weights of that epoch."""
-    step01_accuracy = ddp_run[0]["test_accuracy"]
     fsdp2_history = fsdp2_run[0]["history"]
     fsdp2_first, fsdp2_last = sorted(latest_ray_checkpoint(fsdp2_run[1]).parent.glob("checkpoint_*/"))
     assert not (fsdp2_first / "model.pt").exists()  # only sharded files: the DCP path
-    formats = {
-        "step 01 checkpoint.pt": (ddp_run[1] / "checkpoint.pt", step01_accuracy),
-        "step 01 --checkpoint-dir": (ddp_run[1], step01_accuracy),
-        "step 02 Ray checkpoint": (latest_ray_checkpoint(ray_run[1]), ray_run[0]["test_accuracy"]),
-        "step 04 Ray checkpoint with model.pt": (fsdp2_last, fsdp2_history[-1]["test_accuracy"]),
-        "step 04 model.pt": (fsdp2_last / "model.pt", fsdp2_history[-1]["test_accuracy"]),
-        "step 04 sharded (DCP)": (fsdp2_first, fsdp2_history[0]["test_accuracy"]),
+    checkpoints = {  # each checkpoint's accuracy in its run, and the formats it can be passed in
+        "step 01": (ddp_run[0]["test_accuracy"], [ddp_run[1] / "checkpoint.pt", ddp_run[1]]),  # file, folder
+        "step 02 Ray checkpoint": (ray_run[0]["test_accuracy"], [latest_ray_checkpoint(ray_run[1])]),
+        "step 04 last": (fsdp2_history[-1]["test_accuracy"], [fsdp2_last, fsdp2_last / "model.pt"]),
+        "step 04 sharded (DCP)": (fsdp2_history[0]["test_accuracy"], [fsdp2_first]),
     }
-    for name, (path, accuracy) in formats.items():
-        weights, preset = step06.load_weights(step06.find_checkpoint(path), None)
-        assert preset == "tiny", name
-        assert accuracy_on_one_device(weights, preset) == accuracy, name
+    for name, (accuracy, paths) in checkpoints.items():
+        loaded = [step06.load_weights(step06.find_checkpoint(path), None) for path in paths]
+        assert [preset for _, preset in loaded] == ["tiny"] * len(paths), name
+        for weights, _ in loaded[1:]:  # every format of one checkpoint: the same weights, evaluated once
+            assert_same_weights(loaded[0][0], weights)
+        assert accuracy_on_one_device(loaded[0][0], "tiny") == accuracy, name
     # The last sharded checkpoint, loaded without a process group, is exactly the full model.pt export.
     assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
 
