@@ -110,9 +110,14 @@ def ray_run(ray_cluster, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fsdp2_run(ray_cluster, tmp_path_factory):
-    """One step-04 run (2 Ray workers): sharded checkpoints, the last one with the full model.pt (steps 04 and 06)."""
+    """One step-04 run, resumed on another number of workers: it starts on 1, crashes after epoch 1 with no
+    restart left, and --resume finishes it on 2, so epoch 1's sharded checkpoint is resharded from 1 rank to 2.
+    Sharded checkpoints, the last one with the full model.pt (steps 04 and 06)."""
     storage = tmp_path_factory.mktemp("fsdp2")
-    result = ray_script(RAY_FSDP2, ray_cluster, storage)
+    crashed = ray_script(RAY_FSDP2, ray_cluster, storage, "--num-workers", "1", "--fail-at-epoch", "1",
+                         "--max-failures", "0")
+    assert crashed.returncode != 0, crashed.stderr[-3000:]
+    result = ray_script(RAY_FSDP2, ray_cluster, storage, "--resume")
     return final_json(result), storage, result
 
 
