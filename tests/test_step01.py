@@ -74,7 +74,8 @@ def test_multinode_launcher_joins_two_nodes(tmp_path):
     launch = [str(ROOT / "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"), "--nnodes", "2", "--endpoint", endpoint,
               "--nproc-per-node", "1"]
     train_flags = ["--", *SMOKE, "--checkpoint-dir", str(tmp_path)]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # this venv's torchrun
+    # this venv's torchrun; one thread per process, as the other tests: the two "nodes" share this machine's 2 cores
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(["bash", *launch, "--node-rank", str(rank), *train_flags], cwd=ROOT, env=env,
                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
     outputs = [node.communicate(timeout=180) for node in nodes]
