@@ -40,10 +40,13 @@ def tune_results(sweep_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def finished_sweep(ray_cluster, tmp_path_factory):
-    """2 trials of 2 tiny epochs; each worker crashes once after epoch 1, which Ray Train restarts within the trial."""
+    """2 trials of 2 tiny epochs, at once; each worker crashes once after epoch 1, which Ray Train restarts within
+    the trial. ASHA may stop a trial only at epoch 2, so both train their 2 epochs: with a stop after epoch 1 the
+    best could be a trial whose searched lr left it near chance in so few steps (trial 0 stopped at 13%, the
+    other ended at 19%, in one run)."""
     tmp_path = tmp_path_factory.mktemp("tune")
-    result = sweep(ray_cluster, tmp_path, "--num-samples", "2", "--fail-at-epoch", "1", "--max-failures", "1",
-                   timeout=480)
+    result = sweep(ray_cluster, tmp_path, "--num-samples", "2", "--grace-period", "2", "--fail-at-epoch", "1",
+                   "--max-failures", "1", timeout=480)
     return final_json(result), tmp_path, result
 
 
@@ -52,9 +55,8 @@ def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
     recorded = tune_results(report["sweep"])
     assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 2
     for trial in report["trials"]:
-        assert trial["error"] is None and 1 <= trial["epochs_run"] <= 2
+        assert trial["error"] is None and trial["epochs_run"] == 2 and not trial["stopped_early"]
         assert trial["best_accuracy"] == max(recorded[trial["trial_id"]])
-        assert trial["stopped_early"] == (trial["epochs_run"] < 2)  # ASHA's doing: no trial failed
     best = max(recorded, key=lambda trial_id: max(recorded[trial_id]))
     assert report["best"]["trial_id"] == best
     assert report["best"]["best_accuracy"] > 0.2  # 6 steps on the synthetic classes beat chance (10%) clearly
@@ -65,12 +67,10 @@ def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
 
 
 def test_a_crashed_worker_restarts_within_its_trial(finished_sweep):
-    """FailureConfig in every trial's Ray Train run: a trial that went on after its crash resumed from epoch 1."""
+    """FailureConfig in every trial's Ray Train run: each trial went on from epoch 1's checkpoint after its crash."""
     report, _, result = finished_sweep
-    completed = [t for t in report["trials"] if t["epochs_run"] == 2]
-    assert completed  # ASHA always lets the first trial to reach a rung go on
-    assert result.stdout.count("resumed from") >= len(completed)
-    assert all([h["epoch"] for h in t["history"]] == [1, 2] for t in completed)
+    assert result.stdout.count("resumed from") >= len(report["trials"])  # every trial crashed once
+    assert all([h["epoch"] for h in t["history"]] == [1, 2] for t in report["trials"])
 
 
 def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(finished_sweep):
