@@ -102,9 +102,11 @@ def ddp_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_run(ray_cluster, tmp_path_factory):
-    """One step-02 run (2 Ray workers on 2 nodes) that steps 02 and 04 compare against."""
+    """One step-02 run (2 Ray workers on 2 nodes) that steps 02 to 06 compare against. Its last worker crashes after
+    epoch 1 and Ray restarts the worker group from that checkpoint: the run still ends with torchrun DDP's weights,
+    bit for bit (test_step02), so every comparison with it checks the restart too."""
     storage = tmp_path_factory.mktemp("ray_ddp")
-    result = ray_script(RAY_DDP, ray_cluster, storage)
+    result = ray_script(RAY_DDP, ray_cluster, storage, "--fail-at-epoch", "1", "--max-failures", "1")
     return final_json(result), storage, result
 
 
