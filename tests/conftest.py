@@ -16,9 +16,10 @@ RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
 # leaves the conv stem at chance; at 1e-3 three data orders reached 36-41% test accuracy.
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "6", "--batch-size", "32",
          "--lr", "1e-3"]
-# Runs that sum the same gradients in another order (N ranks vs 1, FSDP vs DDP) end equal up to float rounding,
-# which Adam's normalisation amplifies where a gradient is tiny: 1e-4 is a tenth of one step at lr 1e-3.
-# Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32 images, 12 steps at lr 2e-3).
+# Runs that sum the same gradients in another order (N ranks vs 1: step 01's single process, step 04's run on 1
+# worker then 2) end equal up to float rounding, which Adam's normalisation amplifies where a gradient is tiny: 1e-4
+# is a tenth of one step at lr 1e-3. Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32
+# images, 12 steps at lr 2e-3). Runs on 2 ranks each (torchrun DDP, Ray DDP, FSDP1) end equal bit for bit.
 ROUNDING = 1e-4
 
 
