@@ -142,10 +142,14 @@ def final_json(result) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def latest_ray_checkpoint(storage) -> Path:
-    """The newest checkpoint folder of the newest Ray run under --checkpoint-dir."""
+def ray_checkpoints(storage) -> list[Path]:
+    """The checkpoint folders of the newest Ray run under --checkpoint-dir, oldest first."""
     run = sorted(p for p in Path(storage).iterdir() if p.is_dir())[-1]
-    return sorted(p for p in run.glob("checkpoint_*") if p.is_dir())[-1]
+    return sorted(p for p in run.glob("checkpoint_*") if p.is_dir())
+
+
+def latest_ray_checkpoint(storage) -> Path:
+    return ray_checkpoints(storage)[-1]
 
 
 def load_weights(checkpoint_dir) -> dict:

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from common import build_model, evaluate, load_data, make_optimizer, normalize
 from conftest import (ROUNDING, RAY_FSDP2, assert_same_weights, assert_sane_summary, latest_ray_checkpoint,
-                      load_script, load_weights)
+                      load_script, load_weights, ray_checkpoints)
 
 
 def exported_model(storage) -> torch.nn.Module:
@@ -50,7 +50,7 @@ def test_sharded_checkpoint_resumes_on_another_number_of_workers(fsdp2_run):
     summary, storage, result = fsdp2_run
     assert summary["world_size"] == 2 and "after epoch 1" in result.stdout
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
-    first = sorted(latest_ray_checkpoint(storage).parent.glob("checkpoint_*/"))[0]
+    first = ray_checkpoints(storage)[0]
     assert [p.name for p in first.glob("*.distcp")] == ["__0_0.distcp"]  # written by 1 rank, loaded by 2
 
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from common import build_model, evaluate, load_data, normalize
-from conftest import assert_same_weights, final_json, latest_ray_checkpoint, load_script, python
+from conftest import assert_same_weights, final_json, latest_ray_checkpoint, load_script, python, ray_checkpoints
 
 INFER = "06-ray-data-inference/batch_inference.py"
 SYNTHETIC_TEST_IMAGES = 1024
@@ -86,7 +86,7 @@ def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp
     """Step 01's checkpoint.pt (and its folder), a step-02 Ray checkpoint (step 03 writes the same), step 04's
     checkpoint folder, model.pt and sharded DCP files: the preset from the checkpoint, the weights of that epoch."""
     fsdp2_history = fsdp2_run[0]["history"]
-    fsdp2_first, fsdp2_last = sorted(latest_ray_checkpoint(fsdp2_run[1]).parent.glob("checkpoint_*/"))
+    fsdp2_first, fsdp2_last = ray_checkpoints(fsdp2_run[1])
     assert not (fsdp2_first / "model.pt").exists()  # only sharded files: the DCP path
     checkpoints = {  # each checkpoint's accuracy in its run, and the formats it can be passed in
         "step 01": (ddp_run[0]["test_accuracy"], [ddp_run[1] / "checkpoint.pt", ddp_run[1]]),  # file, folder
