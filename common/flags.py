@@ -2,7 +2,7 @@
 
 A bad value ends the run at once with one line on stderr that names the flag, the value and the fix,
 and exit code 2 (argparse's code for a bad flag). Under torchrun every rank parses the same flags:
-the first process alone prints, the others exit quietly with the same code.
+the first process alone prints, the others give it time to (quiet_exit_code) and exit with the same code.
 """
 import argparse
 import os
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .data import DEFAULT_DATA_DIR, SYNTHETIC_SIZES, VALIDATION_SIZE, cache_exists
-from .errors import first_process
+from .errors import first_process, quiet_exit_code
 from .model import PRESETS
 
 TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
@@ -26,8 +26,9 @@ class Parser(argparse.ArgumentParser):
         self.check = check
 
     def error(self, message):
-        if first_process():
-            print(f"error: {message}", file=sys.stderr)
+        if not first_process():
+            sys.exit(quiet_exit_code(2))
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
     def reject(self, args, flag: str, rule: str):

@@ -2,6 +2,8 @@
 with one line on stderr that names the flag, the value and the fix, and exit code 2 (argparse's)."""
 import pytest
 
+from common import errors
+
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
            "03-ray-train-fsdp/train_ray_fsdp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py",
@@ -71,9 +73,13 @@ def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, m
 
 
 def test_under_torchrun_only_rank_0_prints_the_error(run_main, monkeypatch):
+    """Rank 1 waits before it exits: torchrun would otherwise stop rank 0 before it printed (a test run saw it)."""
+    waits = []
+    monkeypatch.setattr(errors.time, "sleep", waits.append)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert run_main(SCRIPTS[1], "--batch-size", "33") == (2, [])
+    assert run_main(SCRIPTS[1], "--batch-size", "33") == (2, []) and waits == [errors.FIRST_PROCESS_GRACE_S]
     monkeypatch.setenv("RANK", "0")
     assert run_main(SCRIPTS[1], "--batch-size", "33") == (
         2, ["error: --batch-size 33 does not split evenly over 2 processes; use a multiple of 2"])
+    assert waits == [errors.FIRST_PROCESS_GRACE_S]  # rank 0 speaks at once
