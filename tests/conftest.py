@@ -55,6 +55,20 @@ def main_error(run_main):
     return main_error
 
 
+@pytest.fixture
+def cluster_main_error(ray_driver, main_error, monkeypatch):
+    """main_error for errors found once a Ray script has connected (--actors or --num-workers larger than the
+    cluster): its main() runs in this process, already a driver on the test cluster, so its start_ray (ray.init)
+    is skipped and its checks ask that cluster. A new interpreter would spend 8-11 s importing torch and Ray."""
+    import common.ray_setup
+
+    monkeypatch.setattr(common.ray_setup, "start_ray", lambda address: None)
+
+    def cluster_main_error(script, *flags) -> str:
+        return main_error(script, *flags, "--address", ray_driver)
+    return cluster_main_error
+
+
 def run(cmd, timeout=180, **kwargs):
     """Run a command from the repository root; return the CompletedProcess (text)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -88,6 +102,10 @@ def ray_driver(ray_cluster):
     """This test process connected to the test cluster as a Ray driver, for tests that call Ray Train directly."""
     import ray
 
+    from common.ray_setup import POLL_INTERVAL_S
+
+    # As the Ray scripts do (start_ray): every report waits for the Train controller's poll, 2 s by default.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
     ray.init(address=ray_cluster, logging_level="ERROR")
     yield ray_cluster
     ray.shutdown()
