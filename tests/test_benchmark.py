@@ -94,3 +94,11 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
     assert report["steps_per_s"] == pytest.approx(10, abs=1.5)
     table = (tmp_path / "results.md").read_text()
     assert "optimizer steps per second" in table and f"Machine: {report['machine']}" in table
+
+
+def test_ray_fit_processes_names_each_process_by_the_actor_it_ran():
+    role = load_script("benchmarks/ray_fit_processes.py").role
+    assert role(["/venv/bin/python", "ray::IDLE", "ray::TrainController.__init__", "ray::TrainController.run"]) == (
+        "TrainController")
+    assert role(["/venv/bin/python", "ray::IDLE"]) == "idle worker"
+    assert role(["raylet"]) == "raylet"
