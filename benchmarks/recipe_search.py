@@ -10,6 +10,7 @@ so that the search can be rerun and extended.
 """
 import argparse
 import json
+import os
 import runpy
 import subprocess
 import sys
@@ -59,11 +60,14 @@ def main():
                  "--seed", str(args.seed), "--checkpoint-dir", f"/tmp/recipe-search-{name}", *VARIANTS[name][2]]
         command = [sys.executable, __file__, RUN_VARIANT, name, *flags]
         print("+", " ".join(command), flush=True)
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        if result.returncode:
-            print(result.stderr[-2000:], file=sys.stderr)
+        log = out.with_name(f"{out.stem}-{name}-seed{args.seed}-{args.epochs}ep.log")  # one line per epoch, as it runs
+        with open(log, "w") as f:
+            returncode = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+        if returncode:
+            print(f"{name} failed, see {log}", file=sys.stderr)
             continue
-        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        summary = json.loads(log.read_text().strip().splitlines()[-1])
         preset, padding, extra = VARIANTS[name]
         record = dict(variant=name, preset_changes=preset, crop_padding=padding, flags=extra, seed=args.seed,
                       validation_accuracy=summary["test_accuracy"], **summary)
