@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from matplotlib.figure import Figure
 from PIL import Image
 
-from common import build_model, load_data, normalize
+from common import build_model, load_data, predict
 from common.errors import fail
 from common.flags import Parser, add_data_flags, check_data_flags, flag_value
 from common.ray_setup import add_cluster_flags, check_cluster_and_choose_gpu, start_ray
@@ -259,8 +259,8 @@ class Classifier:
     def __call__(self, batch: dict) -> dict:
         images = torch.tensor(batch.pop("image"), device=self.device)  # a copy: Ray's batch is read-only
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.model(normalize(images))  # as common.evaluate does, so accuracies agree exactly
-        probability, predicted = logits.float().softmax(1).max(1)
+            probabilities = predict(self.model, images)  # as common.evaluate does, so accuracies agree exactly
+        probability, predicted = probabilities.max(1)
         predicted = predicted.cpu().numpy()
         # Every other column (id and label, or path) goes through untouched, to the Parquet files.
         return dict(batch, predicted=predicted, predicted_class=np.array(CLASSES)[predicted],

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
-from common import augment_batch, build_model, evaluate, load_data, normalize
+from common import augment_batch, build_model, evaluate, load_data, normalize, predict
 from common.data import CROP_PADDING
 from common import data as data_module
 
@@ -185,3 +185,20 @@ def test_evaluation_counts_every_test_image_exactly_once(world_size):
     total = sum(evaluate(model, images, labels, device, rank, world_size, batch_size=16)
                 for rank in range(world_size))
     assert total.tolist() == single.tolist() and total[1] == 101
+
+
+def test_evaluation_scores_the_mean_prediction_of_each_image_and_its_mirror():
+    data = load_data("synthetic", "unused")
+    images, labels = data.test_images[:64], data.test_labels[:64]
+    torch.manual_seed(0)
+    model = build_model("tiny").eval()
+    torch.nn.init.normal_(model.heads.head.weight, std=0.1)  # torchvision starts it at zero: 0.1 for every class
+    with torch.no_grad():
+        probabilities = predict(model, images)
+        plain, of_mirror = (model(normalize(x)).softmax(1) for x in (images, images.flip(3)))
+        of_mirror_with_its_mirror = predict(model, images.flip(3))
+    assert not torch.allclose(plain, of_mirror)  # the model tells an image from its mirror image
+    assert torch.allclose(probabilities, (plain + of_mirror) / 2)
+    assert torch.allclose(probabilities, of_mirror_with_its_mirror)  # so an image and its mirror score alike
+    correct, counted = evaluate(model, images, labels, torch.device("cpu")).tolist()
+    assert (correct, counted) == ((probabilities.argmax(1) == labels).sum().item(), 64)
