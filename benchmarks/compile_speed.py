@@ -1,0 +1,126 @@
+"""Does torch.compile pay for itself on this machine? The recipe's training step, eager and compiled.
+
+    python benchmarks/compile_speed.py --out benchmarks/published/compile-speed
+
+Each measurement runs in a fresh process, with an empty compile cache, as a user's first run would:
+--steps training steps of `tiny` at the recipe's batch (augmentation, forward, label-smoothed loss,
+backward, AdamW) on random uint8 images, after one warm-up step, then one evaluation call. The
+compiled model is compiled in place (`model.compile()`, so its state_dict keys stay the same); its
+warm-up step and its first evaluation include its two compilations (training, then evaluation).
+Eager and compiled alternate for --rounds rounds, so a drift in the machine's speed hits both. The
+table gives the images/s of each round, the compile time, and the images a run must train before
+compiling has paid for itself, against the 500,000 of a 10-epoch CIFAR-10 run.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
+from benchmarks.compare_steps import describe_machine  # noqa: E402
+
+TEN_EPOCHS = 10 * 50_000
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=Path("results/compile-speed"))
+    parser.add_argument("--measure", choices=("eager", "compiled"), help=argparse.SUPPRESS)  # one, in this process
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure == "compiled", args.steps, args.batch_size)))
+        return
+    rows = [measure_in_fresh_process(mode, args) for _ in range(args.rounds) for mode in ("eager", "compiled")]
+    write(rows, args)
+
+
+def measure_in_fresh_process(mode: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        cmd = [sys.executable, __file__, "--measure", mode, "--steps", str(args.steps),
+               "--batch-size", str(args.batch_size)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def measure(compiled: bool, steps: int, batch_size: int) -> dict:
+    import torch
+    from torch import nn
+
+    from common import augment_batch, build_model, make_optimizer, predict
+
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    optimizer = make_optimizer(model, argparse.Namespace(lr=2e-3, weight_decay=0.05), torch.device("cpu"))
+    if compiled:
+        model.compile()
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8)
+    labels, ids = torch.randint(0, 10, (batch_size,)), torch.arange(batch_size)
+
+    def train_step(step: int):
+        loss = criterion(model(augment_batch(images, ids, step, 0)), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    start = time.perf_counter()
+    train_step(0)
+    first_step_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        train_step(step)
+    seconds = time.perf_counter() - start
+    model.eval()  # evaluation needs a graph of its own: a second compilation
+    start = time.perf_counter()
+    with torch.no_grad():
+        predict(model, images)
+    first_evaluation_s = time.perf_counter() - start
+    return dict(mode="compiled" if compiled else "eager", first_step_s=first_step_s,
+                first_evaluation_s=first_evaluation_s, steps=steps, batch_size=batch_size,
+                images_per_s=steps * batch_size / seconds, threads=torch.get_num_threads())
+
+
+def write(rows: list, args) -> None:
+    by_mode = {mode: [r for r in rows if r["mode"] == mode] for mode in ("eager", "compiled")}
+    eager = statistics.median(r["images_per_s"] for r in by_mode["eager"])
+    compiled = statistics.median(r["images_per_s"] for r in by_mode["compiled"])
+    compile_s = sum(statistics.median(r[first] for r in by_mode["compiled"])
+                    - statistics.median(r[first] for r in by_mode["eager"])
+                    for first in ("first_step_s", "first_evaluation_s"))
+    saved_per_image = 1 / eager - 1 / compiled
+    break_even = compile_s / saved_per_image if saved_per_image > 0 else None
+    command = f"python benchmarks/compile_speed.py --rounds {args.rounds} --steps {args.steps} --out {args.out}"
+    lines = ["# torch.compile on the recipe's training step\n", f"`{command}`\n", f"Machine: {describe_machine()}\n",
+             f"`tiny`, batch {args.batch_size}, {rows[0]['threads']} threads, {args.steps} steps per measurement "
+             f"after one warm-up step, each in a fresh process with an empty compile cache.\n",
+             "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
+             "|---|---|---|---|"]
+    for i, (e, c) in enumerate(zip(by_mode["eager"], by_mode["compiled"], strict=True), 1):
+        first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
+        lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
+    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / TEN_EPOCHS:.2f} of a 10-epoch run)"
+               if break_even else "never pays for itself: it trains no faster")
+    lines += ["", f"Medians: eager {eager:.0f} images/s, compiled {compiled:.0f} images/s ({compiled / eager:.3f}x), "
+              f"compiling (both graphs) {compile_s:.1f} s. Compiling {verdict}."]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    summary = dict(eager_images_per_s=eager, compiled_images_per_s=compiled, compile_s=compile_s,
+                   break_even_images=break_even)
+    (args.out / "results.json").write_text(json.dumps(dict(command=command, rows=rows, **summary), indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
