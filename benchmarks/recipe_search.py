@@ -40,6 +40,7 @@ VARIANTS = {
     "stem_pad2_depth8_lr3e-3": ({"stem": STEM, "num_layers": 8}, 2, ["--lr", "3e-3"]),
     "stem_pad2_no_smoothing": ({"stem": STEM}, 2, ["--label-smoothing", "0"]),
     "stem_pad1_no_smoothing": ({"stem": STEM}, 1, ["--label-smoothing", "0"]),
+    "stem_pad2_batch64": ({"stem": STEM}, 2, ["--batch-size", "64"]),
     # a third stride-2 convolution: 4x4 = 16 tokens, about 1.4x the images/s of tiny even at width 256
     "hybrid256": ({"stem": (32, 64, 128), "hidden_dim": 256, "num_heads": 8, "mlp_dim": 512}, 2, []),
 }
