@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from common import build_model, evaluate, load_data, normalize
+from common import build_model, evaluate, load_data, predict
 from conftest import assert_same_weights, final_json, latest_ray_checkpoint, load_script, python, ray_checkpoints
 
 INFER = "06-ray-data-inference/batch_inference.py"
@@ -157,12 +157,12 @@ def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_l
     assert "label" not in table and "accuracy" not in inference and not (out / "confusion_matrix.png").exists()
     assert_png(out / "samples.png", 500)
 
-    # The actors' answers are the plain model's on the same 32x32 pixels.
+    # The actors' answers are the recipe's prediction (each image and its mirror) on the same 32x32 pixels.
     model = build_model("tiny")
     model.load_state_dict(torch.load(model_pt, weights_only=True))
     pixels = [step06.decode_image(dict(path=path, bytes=Path(path).read_bytes()))[0]["image"] for path in table["path"]]
     with torch.no_grad():
-        probabilities = model.eval()(normalize(torch.from_numpy(np.stack(pixels)))).softmax(1)
+        probabilities = predict(model.eval(), torch.from_numpy(np.stack(pixels)))
     assert table["predicted"].tolist() == probabilities.argmax(1).tolist()
     np.testing.assert_allclose(table["probability"], probabilities.max(1).values.numpy(), rtol=1e-5)
 
