@@ -24,15 +24,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
 from benchmarks.compare_steps import describe_machine  # noqa: E402
+from common.flags import TRAIN_SIZES, make_parser  # noqa: E402
 
-TEN_EPOCHS = 10 * 50_000
+RECIPE = make_parser(__doc__, "single_machine").parse_args([])  # the steps' defaults: lr, weight decay, smoothing
+FULL_RUN_IMAGES = RECIPE.epochs * TRAIN_SIZES["cifar10"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=RECIPE.batch_size)
     parser.add_argument("--out", type=Path, default=Path("results/compile-speed"))
     parser.add_argument("--measure", choices=("eager", "compiled"), help=argparse.SUPPRESS)  # one, in this process
     args = parser.parse_args()
@@ -62,10 +64,10 @@ def measure(compiled: bool, steps: int, batch_size: int) -> dict:
 
     torch.manual_seed(0)
     model = build_model("tiny")
-    optimizer = make_optimizer(model, argparse.Namespace(lr=2e-3, weight_decay=0.05), torch.device("cpu"))
+    optimizer = make_optimizer(model, RECIPE, torch.device("cpu"))
     if compiled:
         model.compile()
-    criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    criterion = nn.CrossEntropyLoss(label_smoothing=RECIPE.label_smoothing)
     images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8)
     labels, ids = torch.randint(0, 10, (batch_size,)), torch.arange(batch_size)
 
@@ -110,7 +112,7 @@ def write(rows: list, args) -> None:
     for i, (e, c) in enumerate(zip(by_mode["eager"], by_mode["compiled"], strict=True), 1):
         first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
         lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
-    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / TEN_EPOCHS:.2f} of a 10-epoch run)"
+    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / FULL_RUN_IMAGES:.2f} of a 10-epoch run)"
                if break_even else "never pays for itself: it trains no faster")
     lines += ["", f"Medians: eager {eager:.0f} images/s, compiled {compiled:.0f} images/s ({compiled / eager:.3f}x), "
               f"compiling (both graphs) {compile_s:.1f} s. Compiling {verdict}."]
