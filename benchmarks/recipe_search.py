@@ -2,9 +2,9 @@
 
     python benchmarks/recipe_search.py --data-dir ../shared/data/cifar10 --epochs 3 --variants baseline stem
 
-Each variant changes the `tiny` preset, the crop padding or a training flag of
-train_single_machine.py, and runs that script's own training in a fresh process with
---data cifar10-val (never the test set). Every run appends its final JSON line, with the variant's
+Each variant changes the `tiny` preset as it was when the search began (FIRST_TINY), the crop
+padding or a training flag of train_single_machine.py, and runs that script's own training in a
+fresh process with --data cifar10-val (never the test set). Every run appends its final JSON line, with the variant's
 name and changes, to --out. The variants that won are what common/ now holds; the rest stay here
 so that the search can be rerun and extended.
 """
@@ -19,9 +19,11 @@ from pathlib import Path
 RUN_VARIANT = "--run-variant"  # internal: how the child process is told which variant it trains
 ROOT = Path(__file__).resolve().parents[1]
 SINGLE = ROOT / "01-vanilla-pytorch-ddp/train_single_machine.py"
-STEM = (32, 64)
+STEM = ((32, 2), (64, 2))
+# What every variant changes: `tiny` as the search began (a 4x4 patchify), so old variants still train what they did.
+FIRST_TINY = dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256)
 
-# name: (changes to the tiny preset, crop padding, extra flags)
+# name: (changes to FIRST_TINY, crop padding, extra flags)
 VARIANTS = {
     "baseline": ({"stem": None}, 4, []),
     "stem": ({"stem": STEM}, 4, []),
@@ -42,7 +44,13 @@ VARIANTS = {
     "stem_pad1_no_smoothing": ({"stem": STEM}, 1, ["--label-smoothing", "0"]),
     "stem_pad2_batch64": ({"stem": STEM}, 2, ["--batch-size", "64"]),
     # a third stride-2 convolution: 4x4 = 16 tokens, about 1.4x the images/s of tiny even at width 256
-    "hybrid256": ({"stem": (32, 64, 128), "hidden_dim": 256, "num_heads": 8, "mlp_dim": 512}, 2, []),
+    "hybrid256": ({"stem": ((32, 2), (64, 2), (128, 2)), "hidden_dim": 256, "num_heads": 8, "mlp_dim": 512}, 2, []),
+    # a deeper convolutional stem, a stride-1 convolution before each stride-2 one, ending at 4x4 = 16 tokens
+    "hybrid192_deep": ({"stem": ((32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2)), "hidden_dim": 192,
+                        "num_heads": 6, "mlp_dim": 384}, 2, []),
+    # the same without the full-resolution convolution: the stem starts at stride 2
+    "hybrid192_deep_s2": ({"stem": ((32, 2), (64, 1), (128, 2), (128, 1), (256, 2)), "hidden_dim": 192,
+                           "num_heads": 6, "mlp_dim": 384}, 2, []),
 }
 
 
@@ -83,7 +91,7 @@ def run_variant(name: str, train_flags: list) -> None:
     import common.model
 
     preset, padding, _ = VARIANTS[name]
-    common.model.PRESETS["tiny"].update(preset)
+    common.model.PRESETS["tiny"] = dict(FIRST_TINY, **preset)
     common.data.CROP_PADDING = padding
     sys.argv = [str(SINGLE), *train_flags]
     runpy.run_path(str(SINGLE), run_name="__main__")

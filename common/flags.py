@@ -64,7 +64,8 @@ def make_parser(description: str, step: str) -> Parser:
 
 def add_data_flags(p: Parser) -> None:
     """The model and the images it is scored on: flags the training steps share with step 06 (inference)."""
-    p.add_argument("--model", default="tiny", choices=PRESETS, help="tiny: CPU, small: GPU, larger: memory lessons")
+    p.add_argument("--model", default="tiny", choices=PRESETS,
+                   help="tiny: CPU, hybrid: the 10-epoch CPU recipe, small: GPU, larger: memory lessons")
     p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
                    help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")

@@ -1,4 +1,5 @@
 """The model every step trains: torchvision's VisionTransformer, sized for 32x32 images."""
+import math
 import warnings
 from functools import partial
 
@@ -7,12 +8,16 @@ from torchvision.models.vision_transformer import ConvStemConfig, EncoderBlock, 
 
 from .errors import fail
 
-# 32x32 images become 8x8 = 64 tokens (+1 class token): a stride-4 patchify, or a convolutional stem
-# (stem: the channels of its 3x3 stride-2 convolutions) that also ends at stride 4.
-# tiny: an epoch of CIFAR-10 in minutes on a laptop CPU. small: the GPU default.
+# A convolutional stem (stem: the (channels, stride) of each of its 3x3 convolutions) or, without one, a stride-4
+# patchify turns a 32x32 image into tokens (+1 class token). tiny: an epoch of CIFAR-10 in minutes on a laptop CPU,
+# 8x8 = 64 tokens. hybrid: the 10-epoch CPU recipe, a deeper stem (a stride-1 convolution before each stride-2
+# one) down to 4x4 = 16 tokens, with 2.9x tiny's parameters (benchmarks/published/recipe-search/). small: the GPU
+# default.
 # base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B parameters).
 PRESETS = {
-    "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256, stem=(32, 64)),
+    "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256, stem=((32, 2), (64, 2))),
+    "hybrid": dict(num_layers=6, num_heads=6, hidden_dim=192, mlp_dim=384,
+                   stem=((32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2))),
     "small": dict(num_layers=8, num_heads=6, hidden_dim=384, mlp_dim=1536),
     "base": dict(num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
     "large": dict(num_layers=24, num_heads=16, hidden_dim=1024, mlp_dim=4096),
@@ -21,7 +26,7 @@ PRESETS = {
 }
 
 # The stem ends in a 1x1 convolution whose weight gradient comes with other strides (on its size-1
-# dimensions) than the weight: DDP copies those 8,192 numbers into its bucket instead of viewing them,
+# dimensions) than the weight: DDP copies those numbers (8,192 in tiny) into its bucket instead of viewing them,
 # and would say so once per process, in every step.
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
@@ -37,10 +42,10 @@ def build_model(preset: str, num_classes: int = 10) -> VisionTransformer:
     if stem:
         # Early convolutions help transformers see better (Xiao et al., 2021). GroupNorm, not BatchNorm:
         # it normalises each image alone, so N DDP ranks still compute exactly what one process does.
-        config["conv_stem_configs"] = [ConvStemConfig(c, kernel_size=3, stride=2, norm_layer=partial(nn.GroupNorm, 8))
-                                       for c in stem]
-    return VisionTransformer(image_size=32, patch_size=2 ** len(stem) if stem else 4, num_classes=num_classes,
-                             **config)
+        config["conv_stem_configs"] = [ConvStemConfig(c, kernel_size=3, stride=s, norm_layer=partial(nn.GroupNorm, 8))
+                                       for c, s in stem]
+    patch_size = math.prod(s for _, s in stem) if stem else 4  # the stem's total stride
+    return VisionTransformer(image_size=32, patch_size=patch_size, num_classes=num_classes, **config)
 
 
 def count_params(model: nn.Module) -> int:

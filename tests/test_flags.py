@@ -31,8 +31,8 @@ EVERY_STEP = [
      "error: --checkpoint-dir {file}/checkpoints cannot be created or written; pass a writable folder"),
     (["--data", "cifar10", "--data-dir", "{file}/cifar10"], "error: --data-dir {file}/cifar10 has no CIFAR-10 cache "
      "and cannot be created to download one; pass a writable folder"),
-    (["--model", "enormous"], "error: argument --model: invalid choice: 'enormous' (choose from 'tiny', 'small', "
-     "'base', 'large', 'huge', 'giant')"),
+    (["--model", "enormous"], "error: argument --model: invalid choice: 'enormous' (choose from 'tiny', 'hybrid', "
+     "'small', 'base', 'large', 'huge', 'giant')"),
 ]
 RAY_ONLY = [
     (["--num-workers", "0"], "error: --num-workers 0 must be at least 1"),
