@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import load_script, python
+from conftest import ROOT, load_script, python
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -30,7 +30,8 @@ def test_benchmark_writes_table_and_plots(ray_cluster, tmp_path):
     table = (tmp_path / "results.md").read_text()
     for row in ("| single_machine | 1 |", "| ddp | 2 |", "| FSDP1 (step 03) | 2 | no |"):
         assert row in table
-    assert "Scaling: ddp with 2 processes / single_machine with 1 =" in table
+    assert ("Comparisons (ratios of the runs above):\n\n"
+            "- Scaling: ddp with 2 processes / single_machine with 1 =") in table
     # Launch to first step, phase by phase: the phases add up to the whole.
     breakdown = [line for line in table.splitlines() if line.startswith("| ddp | ") and line.count("|") == 8]
     assert len(breakdown) == 1
@@ -121,3 +122,10 @@ def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_p
     write([row("eager", 100.0, 1.0, 0.5), row("compiled", 99.0, 41.0, 10.5)], args)
     assert json.loads((tmp_path / "results.json").read_text())["break_even_images"] is None
     assert "never pays for itself" in (tmp_path / "results.md").read_text()
+
+
+def test_a_single_run_gets_no_comparisons_heading():
+    compare_steps = load_script("benchmarks/compare_steps.py")
+    results = json.loads((ROOT / "benchmarks/published/hybrid-speed/results.json").read_text())
+    table = compare_steps.results_markdown(results)
+    assert "| single_machine | 1 | 42.85% |" in table and "Comparisons" not in table
