@@ -3,13 +3,13 @@
     python benchmarks/compile_speed.py --out benchmarks/published/compile-speed
 
 Each measurement runs in a fresh process, with an empty compile cache, as a user's first run would:
---steps training steps of `tiny` at the recipe's batch (augmentation, forward, label-smoothed loss,
-backward, AdamW) on random uint8 images, after one warm-up step, then one evaluation call. The
-compiled model is compiled in place (`model.compile()`, so its state_dict keys stay the same); its
-warm-up step and its first evaluation include its two compilations (training, then evaluation).
-Eager and compiled alternate for --rounds rounds, so a drift in the machine's speed hits both. The
-table gives the images/s of each round, the compile time, and the images a run must train before
-compiling has paid for itself, against the 500,000 of a 10-epoch CIFAR-10 run.
+--steps training steps of --model (`tiny` by default) at the recipe's batch (augmentation, forward,
+label-smoothed loss, backward, AdamW) on random uint8 images, after one warm-up step, then one
+evaluation call. The compiled model is compiled in place (`model.compile()`, so its state_dict keys
+stay the same); its warm-up step and its first evaluation include its two compilations (training,
+then evaluation). Eager and compiled alternate for --rounds rounds, so a drift in the machine's
+speed hits both. The table gives the images/s of each round, the compile time, and the images a run
+must train before compiling has paid for itself, against the 500,000 of a 10-epoch CIFAR-10 run.
 """
 import argparse
 import json
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
 from benchmarks.compare_steps import describe_machine  # noqa: E402
 from common.flags import TRAIN_SIZES, make_parser  # noqa: E402
+from common.model import PRESETS  # noqa: E402
 
 RECIPE = make_parser(__doc__, "single_machine").parse_args([])  # the steps' defaults: lr, weight decay, smoothing
 FULL_RUN_IMAGES = RECIPE.epochs * TRAIN_SIZES["cifar10"]
@@ -35,11 +36,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=RECIPE.batch_size)
+    parser.add_argument("--model", default=RECIPE.model, choices=PRESETS)
     parser.add_argument("--out", type=Path, default=Path("results/compile-speed"))
     parser.add_argument("--measure", choices=("eager", "compiled"), help=argparse.SUPPRESS)  # one, in this process
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure == "compiled", args.steps, args.batch_size)))
+        print(json.dumps(measure(args.measure == "compiled", args.model, args.steps, args.batch_size)))
         return
     rows = [measure_in_fresh_process(mode, args) for _ in range(args.rounds) for mode in ("eager", "compiled")]
     write(rows, args)
@@ -47,7 +49,7 @@ def main():
 
 def measure_in_fresh_process(mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as cache:
-        cmd = [sys.executable, __file__, "--measure", mode, "--steps", str(args.steps),
+        cmd = [sys.executable, __file__, "--measure", mode, "--model", args.model, "--steps", str(args.steps),
                "--batch-size", str(args.batch_size)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True,
                               env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
@@ -56,14 +58,14 @@ def measure_in_fresh_process(mode: str, args) -> dict:
     return row
 
 
-def measure(compiled: bool, steps: int, batch_size: int) -> dict:
+def measure(compiled: bool, preset: str, steps: int, batch_size: int) -> dict:
     import torch
     from torch import nn
 
     from common import augment_batch, build_model, make_optimizer, predict
 
     torch.manual_seed(0)
-    model = build_model("tiny")
+    model = build_model(preset)
     optimizer = make_optimizer(model, RECIPE, torch.device("cpu"))
     if compiled:
         model.compile()
@@ -103,10 +105,11 @@ def write(rows: list, args) -> None:
                     for first in ("first_step_s", "first_evaluation_s"))
     saved_per_image = 1 / eager - 1 / compiled
     break_even = compile_s / saved_per_image if saved_per_image > 0 else None
-    command = f"python benchmarks/compile_speed.py --rounds {args.rounds} --steps {args.steps} --out {args.out}"
+    command = (f"python benchmarks/compile_speed.py --model {args.model} --rounds {args.rounds} --steps {args.steps} "
+               f"--out {args.out}")
     lines = ["# torch.compile on the recipe's training step\n", f"`{command}`\n", f"Machine: {describe_machine()}\n",
-             f"`tiny`, batch {args.batch_size}, {rows[0]['threads']} threads, {args.steps} steps per measurement "
-             f"after one warm-up step, each in a fresh process with an empty compile cache.\n",
+             f"`{args.model}`, batch {args.batch_size}, {rows[0]['threads']} threads, {args.steps} steps per "
+             f"measurement after one warm-up step, each in a fresh process with an empty compile cache.\n",
              "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
              "|---|---|---|---|"]
     for i, (e, c) in enumerate(zip(by_mode["eager"], by_mode["compiled"], strict=True), 1):

@@ -112,7 +112,7 @@ def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_p
         return dict(mode=mode, images_per_s=images_per_s, first_step_s=first_step_s,
                     first_evaluation_s=first_evaluation_s, threads=2)
 
-    args = argparse.Namespace(rounds=1, steps=40, batch_size=128, out=tmp_path)
+    args = argparse.Namespace(rounds=1, steps=40, batch_size=128, model="tiny", out=tmp_path)
     write([row("eager", 100.0, 1.0, 0.5), row("compiled", 125.0, 41.0, 10.5)], args)
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["compile_s"] == pytest.approx(50.0)  # 40 s more for the first step, 10 s for the first evaluation
