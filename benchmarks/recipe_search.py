@@ -4,9 +4,10 @@
 
 Each variant changes the `tiny` preset as it was when the search began (FIRST_TINY), the crop
 padding or a training flag of train_single_machine.py, and runs that script's own training in a
-fresh process with --data cifar10-val (never the test set). Every run appends its final JSON line, with the variant's
-name and changes, to --out. The variants that won are what common/ now holds; the rest stay here
-so that the search can be rerun and extended.
+fresh process with --data cifar10-val (never the test set). Every run appends its final JSON line,
+with the variant's name and changes, to --out. The variants that won are what common/ now holds
+(`stem_pad2` is `tiny`, `hybrid192_deep` is `hybrid`); the rest stay here so that the search can be
+rerun and extended.
 """
 import argparse
 import json

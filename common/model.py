@@ -8,12 +8,12 @@ from torchvision.models.vision_transformer import ConvStemConfig, EncoderBlock, 
 
 from .errors import fail
 
-# A convolutional stem (stem: the (channels, stride) of each of its 3x3 convolutions) or, without one, a stride-4
-# patchify turns a 32x32 image into tokens (+1 class token). tiny: an epoch of CIFAR-10 in minutes on a laptop CPU,
-# 8x8 = 64 tokens. hybrid: the 10-epoch CPU recipe, a deeper stem (a stride-1 convolution before each stride-2
-# one) down to 4x4 = 16 tokens, with 2.9x tiny's parameters (benchmarks/published/recipe-search/). small: the GPU
-# default.
-# base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B parameters).
+# A convolutional stem (stem: the (channels, stride) of each of its 3x3 convolutions) or, without one, a
+# stride-4 patchify turns a 32x32 image into tokens (+1 class token).
+# tiny: an epoch of CIFAR-10 in minutes on a laptop CPU; 8x8 = 64 tokens.
+# hybrid: the 10-epoch CPU recipe (benchmarks/published/recipe-search/); a stride-1 convolution before each
+# stride-2 one, down to 4x4 = 16 tokens.
+# small: the GPU default. base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B parameters).
 PRESETS = {
     "tiny": dict(num_layers=6, num_heads=4, hidden_dim=128, mlp_dim=256, stem=((32, 2), (64, 2))),
     "hybrid": dict(num_layers=6, num_heads=6, hidden_dim=192, mlp_dim=384,
