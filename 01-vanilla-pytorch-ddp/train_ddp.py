@@ -1,11 +1,10 @@
-"""Step 01b: the same training with hand-written DistributedDataParallel, launched by torchrun.
+"""Step 01b: the same training, with DistributedDataParallel written by hand, under torchrun.
 
-    torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --model tiny --epochs 1
+    torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --epochs 1
 
-One process per device (GPU, or a slice of the CPU): each holds a full copy of the model, trains
-on its own shard of every global batch, and all-reduces gradients in backward, so the result equals
-train_single_machine.py with the same --batch-size (tests/test_step01.py checks it).
+The lesson, and what to diff this file against: README.md in this folder.
 """
+import contextlib
 import itertools
 import json
 import os
@@ -32,7 +31,8 @@ def main():
     args = make_parser(__doc__, STEP).parse_args()
     # torchrun starts one process per device and tells each who it is through the environment.
     dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    rank, world_size, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ["LOCAL_RANK"])
     master_process = rank == 0  # prints, checkpoints and reports for everyone
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
@@ -44,33 +44,37 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or Ray and its
-    # workers), loading the data, building the model. The summary reports them as seconds from launch.
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
+    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
     startup = dict(launcher=time.time())
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
+    # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
+    micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    sample_ids = torch.arange(len(data.train_labels))
+    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
-                              pin_memory=device.type == "cuda")
-    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
+    steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
+    micro_steps = steps_per_epoch * args.grad_accum_steps
     startup["data"] = time.time()
 
     torch.manual_seed(args.seed)
     model = build_model(args.model).to(device)
     params = count_params(model)
     # DDP broadcasts rank 0's weights, then all-reduces (averages) gradients during backward.
-    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    model = DistributedDataParallel(model)  # on a GPU: the device set_device chose
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     nodes = gather_from_ranks(socket.gethostname())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
-              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
+              f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
     start_epoch, history = 0, []
@@ -86,43 +90,53 @@ def train(args, rank, world_size, master_process, device):
     startup["model"] = time.time()
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
-        # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
+        # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
         epoch_start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        batches = itertools.islice(train_loader, steps_per_epoch)
-        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
-                                        leave=False, disable=not master_process):
-            images = augment_batch(images.to(device, non_blocking=True), ids.to(device), epoch, args.seed)
-            labels = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = criterion(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        batches = itertools.islice(train_loader, micro_steps)
+        progress = tqdm(batches, total=micro_steps, desc=f"epoch {epoch + 1}", leave=False,
+                        disable=not master_process)
+        for i, (images, labels, ids) in enumerate(progress):
+            if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
+                optimizer.zero_grad(set_to_none=True)
+            last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+            images = augment_batch(images.to(device), ids.to(device), epoch, args.seed)
+            labels = labels.to(device)
+            # DDP all-reduces the gradients in every backward: until the last micro-batch, skip it.
+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():
+                with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                    # Each micro-batch's share of the mean loss over the whole batch.
+                    loss = criterion(model(images), labels) / args.grad_accum_steps
+                loss.backward()  # adds this micro-batch's gradients to those before it
+            loss_sum += loss.detach()
+            if not last_micro_batch:
+                continue
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.detach()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
-        train_loss = loss_sum.item() / steps_per_epoch / world_size  # .item() waits for the GPU: time is honest
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
         correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+                            epoch_time_s=epoch_seconds,
+                            images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
         memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
         # The run so far, as the last line of output will report it.
         summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
-            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
+            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
@@ -130,13 +144,14 @@ def train(args, rank, world_size, master_process, device):
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         if master_process:
             save_checkpoint(checkpoint_path, dict(
-                model=model.module.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                epoch=epoch, history=history, model_preset=args.model))
+                model=model.module.state_dict(), optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(), epoch=epoch, history=history,
+                model_preset=args.model))
         if epoch + 1 == args.fail_at_epoch:
             dist.barrier()  # let rank 0 finish writing the checkpoint
             if rank == world_size - 1:
-                sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch); "
-                         f"rerun with --resume to continue from {checkpoint_path}")
+                sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch)"
+                         f"; rerun with --resume to continue from {checkpoint_path}")
 
     if master_process:
         print(memory_table(summary["memory_per_rank"]))

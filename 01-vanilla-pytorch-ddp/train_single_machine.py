@@ -1,9 +1,8 @@
-"""Step 01a: the baseline. A Vision Transformer learns CIFAR-10 on one device (a GPU if there is one).
+"""Step 01a: the baseline. A Vision Transformer learns CIFAR-10 on one device (a GPU if any).
 
-    python 01-vanilla-pytorch-ddp/train_single_machine.py --model tiny --epochs 1
+    python 01-vanilla-pytorch-ddp/train_single_machine.py --epochs 1
 
-Every later step trains the same model with the same recipe; `diff -u` this file against
-train_ddp.py to see everything plain DDP makes you write by hand.
+The lesson, and what to diff this file against: README.md in this folder.
 """
 import itertools
 import json
@@ -31,18 +30,21 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or Ray and its
-    # workers), loading the data, building the model. The summary reports them as seconds from launch.
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
+    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
     startup = dict(launcher=time.time())
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
+    # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
+    micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    sample_ids = torch.arange(len(data.train_labels))
+    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
     shuffle = torch.Generator()
     sampler = RandomSampler(train_set, generator=shuffle)
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
-                              pin_memory=device.type == "cuda")
-    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
+    steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
+    micro_steps = steps_per_epoch * args.grad_accum_steps
     startup["data"] = time.time()
 
     torch.manual_seed(args.seed)
@@ -54,7 +56,8 @@ def train(args, rank, world_size, master_process, device):
     nodes = gather_from_ranks(socket.gethostname())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
-              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
+              f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
     start_epoch, history = 0, []
@@ -74,36 +77,44 @@ def train(args, rank, world_size, master_process, device):
         shuffle.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        batches = itertools.islice(train_loader, steps_per_epoch)
-        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
-                                        leave=False, disable=not master_process):
-            images = augment_batch(images.to(device, non_blocking=True), ids.to(device), epoch, args.seed)
-            labels = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = criterion(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        batches = itertools.islice(train_loader, micro_steps)
+        progress = tqdm(batches, total=micro_steps, desc=f"epoch {epoch + 1}", leave=False,
+                        disable=not master_process)
+        for i, (images, labels, ids) in enumerate(progress):
+            if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
+                optimizer.zero_grad(set_to_none=True)
+            last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+            images = augment_batch(images.to(device), ids.to(device), epoch, args.seed)
+            labels = labels.to(device)
+            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                # Each micro-batch's share of the mean loss over the whole batch.
+                loss = criterion(model(images), labels) / args.grad_accum_steps
+            loss.backward()  # adds this micro-batch's gradients to those before it
+            loss_sum += loss.detach()
+            if not last_micro_batch:
+                continue
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.detach()
             time_to_first_step = time_to_first_step or time.time() - args.launched
-        train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: time is honest
+        train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: honest time
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
 
         correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+                            epoch_time_s=epoch_seconds,
+                            images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
         memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
         # The run so far, as the last line of output will report it.
         summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
-            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
+            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
@@ -111,8 +122,9 @@ def train(args, rank, world_size, master_process, device):
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         if master_process:
             save_checkpoint(checkpoint_path, dict(
-                model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                epoch=epoch, history=history, model_preset=args.model))
+                model=model.state_dict(), optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(), epoch=epoch, history=history,
+                model_preset=args.model))
         if epoch + 1 == args.fail_at_epoch:
             sys.exit(f"simulated crash after epoch {epoch + 1} (--fail-at-epoch); "
                      f"rerun with --resume to continue from {checkpoint_path}")

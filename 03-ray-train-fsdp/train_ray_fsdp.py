@@ -1,13 +1,11 @@
-"""Step 03: sharding with one argument: prepare_model(model, parallel_strategy="fsdp").
+"""Step 03: sharding with one argument, prepare_model(model, parallel_strategy="fsdp") (FSDP1).
 
-    python 03-ray-train-fsdp/train_ray_fsdp.py --num-workers 2 --model tiny --epochs 1
+    python 03-ray-train-fsdp/train_ray_fsdp.py --num-workers 2 --epochs 1
 
-Ray's "fsdp" strategy wraps the model in PyTorch's FullyShardedDataParallel (FSDP1): each transformer
-block is sharded over the workers and gathered only while it runs. On GPUs that is the one argument.
-On CPUs Ray's prepare_model refuses "fsdp" (Ray's own check: PyTorch's FSDP1 trains on CPUs with gloo),
-so the script wraps the model itself, with the same arguments; its first line says which way it took.
+The lesson, and what to diff this file against: README.md in this folder.
 """
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -20,49 +18,60 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-from tqdm import tqdm
 
+import common
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
 from common import load_checkpoint, save_checkpoint
+from common.errors import first_process
 from common.model import TRANSFORMER_BLOCK
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, quiet_report_logs, run_name, start_ray
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
 
 STEP = "ray_fsdp"
 
 
 def main():
-    parser = add_ray_flags(make_parser(__doc__, STEP))
+    parser = add_ray_flags(make_parser(__doc__, STEP), local_mode=True)
     args = parser.parse_args()
-    if args.num_workers < 2:  # with one worker prepare_model would not wrap the model at all
-        parser.error(f"--num-workers {args.num_workers} is too few: sharding needs 2 or more workers")
-    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
-    name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
-    start_ray(args.address)
+    if args.num_workers == 1:  # with one worker prepare_model would not wrap the model at all
+        parser.error("--num-workers 1 is too few: sharding needs 2 or more workers (with one GPU: "
+                     "--num-workers 2 --no-gpu shards over CPU workers)")
+    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
+    name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
+    if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
+        # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
+        # import common/ from the copy that the job's runtime_env ships them.
+        ray.init(address=args.address, **init_options(args.address),
+                 runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
     use_gpu = check_cluster_and_choose_gpu(args)
-    print("FSDP1: " + ('prepare_model(parallel_strategy="fsdp") on GPUs' if use_gpu else
-                       "on CPUs, FullyShardedDataParallel by hand: Ray's prepare_model refuses fsdp without CUDA"))
+    how = ('prepare_model(parallel_strategy="fsdp") on GPUs' if use_gpu else
+           "on CPUs, FullyShardedDataParallel by hand: prepare_model refuses fsdp without CUDA")
+    print(f"FSDP1: {how}")
     trainer = TorchTrainer(
         train_func,
         train_loop_config=vars(args),
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(
-            name=name, storage_path=args.checkpoint_dir,  # an absolute path, or a URI such as s3://bucket/runs
+            name=name, storage_path=args.checkpoint_dir,  # a folder, or a URI such as s3://...
             failure_config=FailureConfig(max_failures=args.max_failures),
-            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
-            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
-                                               checkpoint_score_order="max")))
+            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's INFO lines: off
+            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_order="max",
+                                               checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
-    best_checkpoint, best_metrics = result.best_checkpoints[-1]
-    print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
-          f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+    if not first_process():
+        return  # local mode under torchrun: every process ran all of main(); rank 0 reports
+    if result.best_checkpoints:  # local mode keeps none
+        best_checkpoint, best_metrics = result.best_checkpoints[-1]
+        print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
+              f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
     print(memory_table(result.metrics["summary"]["memory_per_rank"]))
     print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
 
@@ -78,54 +87,60 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or Ray and its
-    # workers), loading the data, building the model. The summary reports them as seconds from launch.
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
+    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
     startup = dict(launcher=time.time())
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
+    # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
+    micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    sample_ids = torch.arange(len(data.train_labels))
+    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
-                              pin_memory=device.type == "cuda")
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
     # prepare_data_loader moves every batch to this worker's device. Given a loader without a
-    # DistributedSampler it would add one itself, but seeded with 0 whatever --seed says, padded with
+    # DistributedSampler it would add one, but seeded with 0 whatever --seed says, padded with
     # repeated images, and only with more than one worker: we hand it ours, which it keeps.
     train_loader = ray.train.torch.prepare_data_loader(train_loader)
-    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
+    steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
+    micro_steps = steps_per_epoch * args.grad_accum_steps
     startup["data"] = time.time()
 
     torch.manual_seed(args.seed)
     model = build_model(args.model)
     params = count_params(model)
-    # Shards the model: one FSDP unit per transformer block, so a block's full weights exist only while
-    # it runs, in forward and in backward.
+    # Shards the model: one FSDP unit per transformer block, so a block's full weights exist only
+    # while it runs, in forward and in backward.
     fsdp = dict(auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}), use_orig_params=True)
     if device.type == "cuda":  # also moves the model to this worker's GPU
-        model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs=fsdp)
-    else:  # what prepare_model does on GPUs; it refuses CPUs, though PyTorch's FSDP1 trains there (gloo)
+        model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp",
+                                              parallel_strategy_kwargs=fsdp)
+    else:  # what prepare_model does on GPUs; it refuses CPUs, where FSDP1 trains too (gloo)
         model = FullyShardedDataParallel(model, device_id=device, **fsdp)
-    # Checkpoints hold the whole model and optimizer state, gathered to rank 0's RAM (cpu_offload). On CPUs every
-    # rank gets a copy instead: there PyTorch 2.14's cpu_offload returns every optimizer state as a view of one
-    # reused buffer, so exp_avg would be saved holding exp_avg_sq.
+    # Checkpoints hold the whole model and optimizer state, gathered to rank 0's RAM (cpu_offload).
+    # On CPUs every rank gets a copy instead: there PyTorch 2.14's cpu_offload returns every
+    # optimizer state as a view of one reused buffer (exp_avg would be saved holding exp_avg_sq).
     gather = StateDictOptions(full_state_dict=True, cpu_offload=device.type == "cuda")
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = gather_from_ranks(ray.get_runtime_context().get_node_id())
+    nodes = gather_from_ranks(this_node())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
-              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
+              f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
+    # A checkpoint is there after Ray restarted a failed worker group, or when a run is resumed.
     if checkpoint := ray.train.get_checkpoint():
         with checkpoint.as_directory() as checkpoint_dir:
             state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args)
         # Every rank reads the full state and keeps its own shard of it.
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
         scheduler.load_state_dict(state["scheduler"])
         start_epoch, history = state["epoch"] + 1, state["history"]
@@ -135,42 +150,53 @@ def train(args, rank, world_size, master_process, device):
     startup["model"] = time.time()
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
-        # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
+        # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
         epoch_start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        batches = itertools.islice(train_loader, steps_per_epoch)
-        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
-                                        leave=False, disable=not master_process):
-            images = augment_batch(images, ids, epoch, args.seed)  # already on the device: Ray moved them
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = criterion(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        batches = itertools.islice(train_loader, micro_steps)
+        progress = progress_bar(batches, micro_steps, f"epoch {epoch + 1}", show=master_process)
+        for i, (images, labels, ids) in enumerate(progress):
+            if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
+                optimizer.zero_grad(set_to_none=True)
+            last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+            images = augment_batch(images, ids, epoch, args.seed)  # on the device: Ray moved them
+            # DDP all-reduces the gradients in every backward: until the last micro-batch, skip it.
+            # (With one worker prepare_model does not wrap the model: nothing to skip.)
+            no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+            with contextlib.nullcontext() if last_micro_batch else no_sync():
+                with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                    # Each micro-batch's share of the mean loss over the whole batch.
+                    loss = criterion(model(images), labels) / args.grad_accum_steps
+                loss.backward()  # adds this micro-batch's gradients to those before it
+            loss_sum += loss.detach()
+            if not last_micro_batch:
+                continue
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.detach()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
-        train_loss = loss_sum.item() / steps_per_epoch / world_size  # .item() waits for the GPU: time is honest
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
         correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+                            epoch_time_s=epoch_seconds,
+                            images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
         memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
         # The run so far, as the last line of output will report it.
         summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
-            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
+            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
@@ -182,18 +208,19 @@ def train(args, rank, world_size, master_process, device):
             checkpoint = None
             if master_process:
                 save_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", dict(
-                    model=model_state, optimizer=optimizer_state, scheduler=scheduler.state_dict(),
-                    epoch=epoch, history=history, model_preset=args.model))
-                checkpoint = Checkpoint.from_directory(checkpoint_dir)
+                    model=model_state, optimizer=optimizer_state,
+                    scheduler=scheduler.state_dict(), epoch=epoch, history=history,
+                    model_preset=args.model))
+                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
-            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint to storage.
-            # A barrier: every rank must call report, and equally often.
+            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
+            # to storage. A barrier: every rank must call report, and equally often.
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
-            # Ray's controller registers a reported checkpoint when it next polls the workers: crash well after
-            # that, or Ray restarts from the checkpoint before.
+            # Ray's controller registers a reported checkpoint when it next polls the workers:
+            # crash well after that, or Ray restarts from the checkpoint before.
             time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
-            os._exit(1)  # a hard crash, not an exception: Ray notices, restarts the group from the checkpoint
+            os._exit(1)  # a hard crash, not an exception: Ray restarts the group from there
 
 
 if __name__ == "__main__":

@@ -1,12 +1,9 @@
-"""Step 04: FSDP2. Each worker keeps only 1/N of the parameters, gradients and optimizer state.
+"""Step 04: FSDP2 by hand. Each worker holds only 1/N of the weights, gradients and AdamW state.
 
-    python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --model tiny --epochs 1
-    python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --model giant --mixed-precision --cpu-offload
+    python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 1
+    python 04-ray-train-fsdp2/train_ray_fsdp2.py --model giant --mixed-precision --cpu-offload
 
-fully_shard (PyTorch's FSDP2) shards each transformer block, then the root, on CPUs (gloo) or GPUs: a
-block's full weights exist only while it runs; each rank updates only its own shard. Checkpoints are
-sharded (torch.distributed.checkpoint: every rank writes its slices of one AppState) and load at any
-number of workers; the last also holds the full model for one device.
+The lesson, and what to diff this file against: README.md in this folder.
 """
 import argparse
 import itertools
@@ -22,46 +19,56 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-from tqdm import tqdm
 
+import common
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
-from common.model import TRANSFORMER_BLOCK
+from common.errors import first_process
 from common.flags import add_fsdp2_flags
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, quiet_report_logs, run_name, start_ray
+from common.model import TRANSFORMER_BLOCK
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
 
 STEP = "ray_fsdp2"
 
 
 def main():
-    args = add_fsdp2_flags(add_ray_flags(make_parser(__doc__, STEP))).parse_args()
-    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (Ray would retry)
-    name = run_name(STEP, args)  # with --resume, the newest run's: Ray restores a run given its name again
-    start_ray(args.address)
+    args = add_fsdp2_flags(add_ray_flags(make_parser(__doc__, STEP), local_mode=True)).parse_args()
+    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
+    name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
+    if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
+        # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
+        # import common/ from the copy that the job's runtime_env ships them.
+        ray.init(address=args.address, **init_options(args.address),
+                 runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,
         train_loop_config=vars(args),
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(
-            name=name, storage_path=args.checkpoint_dir,  # an absolute path, or a URI such as s3://bucket/runs
+            name=name, storage_path=args.checkpoint_dir,  # a folder, or a URI such as s3://...
             failure_config=FailureConfig(max_failures=args.max_failures),
-            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's own INFO lines, not yours
-            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="test_accuracy",
-                                               checkpoint_score_order="max")))
+            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's INFO lines: off
+            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_order="max",
+                                               checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
-    best_checkpoint, best_metrics = result.best_checkpoints[-1]
-    print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
-          f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+    if not first_process():
+        return  # local mode under torchrun: every process ran all of main(); rank 0 reports
+    if result.best_checkpoints:  # local mode keeps none
+        best_checkpoint, best_metrics = result.best_checkpoints[-1]
+        print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
+              f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
     print(memory_table(result.metrics["summary"]["memory_per_rank"]))
     print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
 
@@ -77,26 +84,29 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or Ray and its
-    # workers), loading the data, building the model. The summary reports them as seconds from launch.
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
+    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
     startup = dict(launcher=time.time())
     data = load_data(args.data, args.data_dir, args.eval_images)
-    batch_size = args.batch_size // world_size  # global batch split evenly: checked when the flags were parsed
+    # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
+    micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    sample_ids = torch.arange(len(data.train_labels))
+    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)
-    train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True,
-                              pin_memory=device.type == "cuda")
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
     # prepare_data_loader moves every batch to this worker's device. Given a loader without a
-    # DistributedSampler it would add one itself, but seeded with 0 whatever --seed says, padded with
+    # DistributedSampler it would add one, but seeded with 0 whatever --seed says, padded with
     # repeated images, and only with more than one worker: we hand it ours, which it keeps.
     train_loader = ray.train.torch.prepare_data_loader(train_loader)
-    steps_per_epoch = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
+    steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
+    micro_steps = steps_per_epoch * args.grad_accum_steps
     startup["data"] = time.time()
 
-    with torch.device("meta"):  # shapes only, no memory: no rank ever holds the whole model for training
+    with torch.device("meta"):  # shapes only, no memory: no rank ever holds the whole model
         model = build_model(args.model)
     params = count_params(model)
     shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it
@@ -104,17 +114,18 @@ def train(args, rank, world_size, master_process, device):
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = gather_from_ranks(ray.get_runtime_context().get_node_id())
+    nodes = gather_from_ranks(this_node())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
-              f"{world_size} x {device.type} on {len(set(nodes))} node(s), {batch_size} images per step each")
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
+              f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted a failed worker group, or when this run was resumed.
+    # A checkpoint is there after Ray restarted a failed worker group, or when a run is resumed.
     if checkpoint := ray.train.get_checkpoint():
         state = AppState(model, optimizer, scheduler)
         with checkpoint.as_directory() as checkpoint_dir:
-            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)  # each rank reads the slices it needs
+            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)  # each rank reads its slices
         start_epoch, history = state.epoch + 1, state.history
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
@@ -122,108 +133,128 @@ def train(args, rank, world_size, master_process, device):
     startup["model"] = time.time()
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
-        # Without this every epoch repeats epoch 0's order: the sampler seeds its shuffle with seed + epoch.
+        # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
         epoch_start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        batches = itertools.islice(train_loader, steps_per_epoch)
-        for images, labels, ids in tqdm(batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}",
-                                        leave=False, disable=not master_process):
-            images = augment_batch(images, ids, epoch, args.seed)  # already on the device: Ray moved them
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = criterion(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        batches = itertools.islice(train_loader, micro_steps)
+        progress = progress_bar(batches, micro_steps, f"epoch {epoch + 1}", show=master_process)
+        for i, (images, labels, ids) in enumerate(progress):
+            if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
+                optimizer.zero_grad(set_to_none=True)
+            last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+            images = augment_batch(images, ids, epoch, args.seed)  # on the device: Ray moved them
+            # FSDP2 reduce-scatters the gradients in every backward: until the last micro-batch,
+            # skip it (this rank keeps the unsharded gradients meanwhile).
+            model.set_requires_gradient_sync(last_micro_batch)
+            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                # Each micro-batch's share of the mean loss over the whole batch.
+                loss = criterion(model(images), labels) / args.grad_accum_steps
+            loss.backward()  # adds this micro-batch's gradients to those before it
+            loss_sum += loss.detach()
+            if not last_micro_batch:
+                continue
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.detach()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
-        train_loss = loss_sum.item() / steps_per_epoch / world_size  # .item() waits for the GPU: time is honest
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state on this rank
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
         correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds, images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+                            epoch_time_s=epoch_seconds,
+                            images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
                              history[-1]["images_per_s"], peak_memory_mb(device)))
         memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
         # The run so far, as the last line of output will report it.
         summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params, data=args.data,
-            epochs=args.epochs, global_batch_size=args.batch_size, train_loss=history[-1]["train_loss"],
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
+            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
             test_accuracy=history[-1]["test_accuracy"],
             images_per_s=images_trained / train_seconds if train_seconds else None,
             time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
             startup_s={phase: t - args.launched for phase, t in startup.items()},
             memory_per_rank=memory, nodes=len(set(nodes)), history=history)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
-            # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one checkpoint.
-            dcp.save({"app": AppState(model, optimizer, scheduler, epoch, history)}, checkpoint_id=checkpoint_dir)
+            # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one.
+            state = AppState(model, optimizer, scheduler, epoch, history)
+            dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
             if epoch + 1 == args.epochs:
                 save_model_for_inference(model, optimizer, Path(checkpoint_dir) / "model.pt")
-            checkpoint = Checkpoint.from_directory(checkpoint_dir)
+            checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
             if master_process:
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
-            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint to storage.
-            # A barrier: every rank must call report, and equally often.
+            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
+            # to storage. A barrier: every rank must call report, and equally often.
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
-            # Ray's controller registers a reported checkpoint when it next polls the workers: crash well after
-            # that, or Ray restarts from the checkpoint before.
+            # Ray's controller registers a reported checkpoint when it next polls the workers:
+            # crash well after that, or Ray restarts from the checkpoint before.
             time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
-            os._exit(1)  # a hard crash, not an exception: Ray notices, restarts the group from the checkpoint
+            os._exit(1)  # a hard crash, not an exception: Ray restarts the group from there
+
 
 
 def shard_model(model, args, device) -> None:
-    """FSDP2, torchtitan style: each transformer block is one unit, gathered just before it runs and
-    resharded after; then the root, which keeps what is left (embeddings, final norm, head)."""
+    """FSDP2, torchtitan style: each transformer block is one unit, gathered just before it runs
+    and resharded after; then the root, which keeps what is left (embeddings, final norm, head)."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policies = {}
-    if args.mixed_precision:
-        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if args.cpu_offload:
-        policies["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())  # pinning needs CUDA
+    if args.mixed_precision:  # bf16 compute; fp32 sharded weights and gradient reduction
+        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.float32)
+    if args.cpu_offload:  # shards, gradients and the optimizer step in host memory
+        policies["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for module in model.modules():
         if isinstance(module, TRANSFORMER_BLOCK):
-            fully_shard(module, mesh=mesh, reshard_after_forward=args.reshard_after_forward, **policies)
+            fully_shard(module, mesh=mesh, reshard_after_forward=args.reshard_after_forward,
+                        **policies)
     if args.mixed_precision:  # fp32 logits out of the root, so the loss is computed in fp32
-        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.float32,
                                                      output_dtype=torch.float32)
     # The root's weights are the first needed in backward: keep them gathered after forward.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, **policies)
 
 
 def load_initial_weights(model, args, device) -> None:
-    """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks one
-    tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while this runs."""
+    """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks
+    one tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while
+    this runs."""
     model.to_empty(device="cpu" if args.cpu_offload else device)  # allocates this rank's shards
     weights = {}
     if dist.get_rank() == 0:
         torch.manual_seed(args.seed)
         weights = build_model(args.model).state_dict()
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True,
+                                                                  broadcast_from_rank0=True))
 
 
 def save_model_for_inference(model, optimizer, path: Path) -> None:
-    """The whole model, for build_model() on one device. Training is over and saved: its state goes first."""
+    """The whole model, for build_model() on one device. Training is over and saved: its state
+    goes first, so that rank 0 holds its shard and one full copy, not the training state as well."""
     optimizer.zero_grad(set_to_none=True)
-    optimizer.state.clear()  # so rank 0 holds its shard and one full copy, not the training state as well
-    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in host memory).
-    full_weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    optimizer.state.clear()
+    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in RAM).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full_weights = get_model_state_dict(model, options=options)
     if dist.get_rank() == 0:
         torch.save(full_weights, path)
 
 
 class AppState(Stateful):
-    """All that torch.distributed.checkpoint saves: this rank's slices of model and optimizer state, keyed
-    by parameter name (so they load at any world size), and the scheduler, epoch and history."""
+    """All that torch.distributed.checkpoint saves: this rank's slices of model and optimizer
+    state, keyed by parameter name (so they load at any world size), and the scheduler, epoch and
+    history."""
 
     def __init__(self, model, optimizer, scheduler, epoch=-1, history=()):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -231,9 +262,10 @@ class AppState(Stateful):
 
     def state_dict(self):
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        # history as one JSON string: DCP would flatten a list into keys that a fresh run cannot name
-        return {"model": model_state, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
-                "epoch": self.epoch, "history": json.dumps(self.history)}
+        # history as one JSON string: DCP would flatten a list into keys a fresh run cannot name
+        return {"model": model_state, "optimizer": optimizer_state,
+                "scheduler": self.scheduler.state_dict(), "epoch": self.epoch,
+                "history": json.dumps(self.history)}
 
     def load_state_dict(self, state):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],

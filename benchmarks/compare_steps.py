@@ -1,14 +1,18 @@
 """Runs the workshop's steps side by side with identical settings; writes a results table and plots.
 
-    python benchmarks/compare_steps.py --data-dir ../shared/data/cifar10 --epochs 2 --steps-per-epoch 100
-    python benchmarks/compare_steps.py --data-dir ../shared/data/cifar10 --epochs 10 --only single_machine
+    python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
+    python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, 2 seeds
 
-Two sections. "steps" runs every step script with the same model, data, global batch, epochs and
+Four sections. "steps" runs every step script with the same model, data, global batch, epochs and
 workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
 "memory" runs the largest model for one step under DDP (step 02) and FSDP2 (step 04) on 1, 2 and 4
-workers, with and without CPU offload, and tabulates each rank's own memory report. A run this
-machine cannot do is listed as skipped, with the reason. Every number comes from the final JSON
-line the scripts print; each run's full output is kept in <out>/logs/.
+workers, with and without CPU offload, and tabulates each rank's own memory report. "inference"
+runs step 06 with 1 and 2 Ray Data actors on the checkpoint of the steps section's single-machine
+run. "recipe" (only when asked for) trains step 01 with the steps' defaults for --recipe-epochs
+with two seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
+given). A run this machine cannot do is listed as skipped, with the reason. Every number comes from
+the final JSON line the scripts print; each run's full output is kept in <out>/logs/, and the
+machine, the date and the commit in <out>/results.json.
 """
 import argparse
 import json
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common import PRESETS, build_model, count_params  # noqa: E402
+from common.model import DEFAULT_PRESET  # noqa: E402
 
 SCRIPTS = {
     "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py",
@@ -37,7 +43,9 @@ SCRIPTS = {
     "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
     "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py",
     "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
+    "inference": "06-ray-data-inference/batch_inference.py",
 }
+KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
 
 
@@ -55,6 +63,8 @@ class Run:
     launch_to_first_step_s: float | None = None
     imports_s: float | None = None
     error: str | None = None
+    checkpoint_dir: str | None = None  # kept after the run (another run reads it), else a temporary one
+    side_by_side: bool = False  # runs at the same time as the side-by-side runs next to it
 
 
 def main():
@@ -62,24 +72,25 @@ def main():
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     machine = describe_machine()
-    runs = [r for r in plan_step_runs(args) + plan_memory_runs(args) if selected(r, args.only)]
+    planned = plan_step_runs(args) + plan_memory_runs(args) + plan_inference_runs(args) + plan_recipe_runs(args)
+    runs = [r for r in planned if selected(r, args.only)]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
-                         f"{', '.join(r.name for r in plan_step_runs(args) + plan_memory_runs(args))}")
+                         f"{', '.join(r.name for r in planned)}")
+    keep_checkpoints_read_later(runs)
     memory_cluster = start_memory_cluster(args, runs)
-    for i, run in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {run.name}: ", end="", flush=True)
-        if run.skipped:
-            run.status = "skipped"
-            print(f"skipped ({run.skipped})")
-            continue
-        address = args.address or (memory_cluster if run.section == "memory" else None)
-        execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
-        print(outcome_line(run), flush=True)
+    for batch in batches_of_runs(runs):
+        for run in batch:
+            print(f"[{runs.index(run) + 1}/{len(runs)}] {run.name}: " + ("started" if len(batch) > 1 else ""),
+                  end="\n" if len(batch) > 1 else "", flush=True)
+        with ThreadPoolExecutor(len(batch)) as pool:  # one run at a time, but for the recipe's seeds
+            for run in pool.map(lambda run: execute_or_skip(run, args, memory_cluster, out), batch):
+                print((f"{run.name}: " if len(batch) > 1 else "") + outcome_line(run), flush=True)
     ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
                                              and not args.address for r in runs) else None
     results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   date=time.strftime("%Y-%m-%d"), ray_start_s=ray_start_s, runs=[vars(r) for r in runs])
+                   date=time.strftime("%Y-%m-%d"), commit=describe_commit(), ray_start_s=ray_start_s,
+                   runs=[vars(r) for r in runs])
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(results_markdown(results))
     plots = write_plots(runs, out)
@@ -88,9 +99,30 @@ def main():
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
 
 
+def batches_of_runs(runs: list) -> list:
+    """Runs one after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs."""
+    batches = []
+    for run in runs:
+        if batches and run.side_by_side and batches[-1][-1].side_by_side:
+            batches[-1].append(run)
+        else:
+            batches.append([run])
+    return batches
+
+
+def execute_or_skip(run: Run, args, memory_cluster: str | None, out: Path) -> Run:
+    if run.skipped:
+        run.status = "skipped"
+    else:
+        address = args.address or (memory_cluster if run.section == "memory" else None)
+        execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
+    return run
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", choices=PRESETS, help="steps section: the model every step trains")
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS,
+                   help="steps section: the model every step trains (default: the steps' default)")
     p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"])
     p.add_argument("--data-dir", default=None, help="passed to every step (default: the steps' default)")
     p.add_argument("--epochs", type=int, default=1)
@@ -101,7 +133,13 @@ def parse_args():
     p.add_argument("--memory-workers", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--address", default=None, help="a running Ray cluster for every Ray run (default: the "
                    "steps start their own, as a user would; the memory section starts one with enough CPUs)")
-    p.add_argument("--only", nargs="+", default=[], help="run names or sections (steps, memory) to run")
+    p.add_argument("--inference-checkpoint", default=None,
+                   help="inference section: the checkpoint step 06 reads (default: the single-machine run's)")
+    p.add_argument("--recipe-epochs", type=int, default=10, help="recipe section: epochs of each seed's run")
+    p.add_argument("--exact-test-images", type=int, default=None,
+                   help="recipe section: also score each checkpoint on the first N test images alone")
+    p.add_argument("--only", nargs="+", default=[],
+                   help="run names or sections (steps, memory, inference, recipe); default: all but recipe")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     return p.parse_args()
 
@@ -150,8 +188,47 @@ def plan_memory_runs(args) -> list:
     return runs
 
 
+def plan_inference_runs(args) -> list:
+    """Step 06 on the single-machine run's checkpoint (or --inference-checkpoint), 1 and 2 Ray Data actors."""
+    checkpoint = args.inference_checkpoint or str(KEPT_CHECKPOINTS / "single_machine")
+    runs = [Run(f"inference_{n}_actor{'s' * (n > 1)}", "inference", "inference", n,
+                ["--checkpoint", checkpoint, "--actors", str(n)]) for n in (1, 2)]
+    for run in runs:
+        if run.workers > (os.cpu_count() or 1):
+            run.skipped = f"{run.workers} actors need {run.workers} CPU cores, this machine has {os.cpu_count()}"
+    return runs
+
+
+def plan_recipe_runs(args) -> list:
+    """The steps' defaults (the recipe) for --recipe-epochs, seeds 0 and 1 side by side, one thread each (their
+    epoch times are not the recipe's speed: the steps section's single-machine run is), then step 06 on each
+    checkpoint's first --exact-test-images."""
+    runs = []
+    for seed in (0, 1):
+        checkpoint = str(KEPT_CHECKPOINTS / f"recipe_seed{seed}")
+        runs.append(Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
+                        ["--epochs", str(args.recipe_epochs), "--seed", str(seed)], checkpoint_dir=checkpoint,
+                        env={"OMP_NUM_THREADS": "1"}, side_by_side=True))
+    if args.exact_test_images:
+        runs += [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
+                     ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
+                      str(args.exact_test_images)]) for seed in (0, 1)]
+    return runs
+
+
 def selected(run: Run, only: list) -> bool:
-    return not only or run.name in only or run.section in only
+    if not only:
+        return run.section != "recipe"
+    return run.name in only or run.section in only
+
+
+def keep_checkpoints_read_later(runs: list) -> None:
+    """The single-machine steps run writes the checkpoint that the inference section reads, if both run."""
+    reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
+    for run in runs:
+        kept = str(KEPT_CHECKPOINTS / run.name)
+        if run.section == "steps" and kept in reads:
+            run.checkpoint_dir = kept
 
 
 def start_memory_cluster(args, runs) -> str | None:
@@ -169,6 +246,12 @@ def start_memory_cluster(args, runs) -> str | None:
 
 def command(run: Run, args, address: str | None) -> list:
     script = str(ROOT / SCRIPTS[run.step])
+    data = ["--data", args.data] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    if run.step == "inference":  # the checkpoint names its model; Ray Data's output goes to a scratch folder
+        out = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
+        return [sys.executable, script, *data, *run.flags, "--out", out] + (["--address", address] if address else [])
+    if run.section == "recipe":  # the steps' defaults, model included
+        return [sys.executable, script, *data, *run.flags]
     if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
         batch = str(math.lcm(*args.memory_workers))
         flags = ["--model", args.memory_model, "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "1",
@@ -190,26 +273,33 @@ def command(run: Run, args, address: str | None) -> list:
 
 
 def execute(run: Run, cmd: list, log_path: Path) -> None:
-    """Run one step in a fresh checkpoint folder; keep its output; read its final JSON line."""
-    checkpoint_dir = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
+    """Run one step in a fresh checkpoint folder (or the one kept for a later run); keep its output; read its
+    final JSON line."""
+    checkpoint_dir = run.checkpoint_dir or tempfile.mkdtemp(prefix=f"bench-{run.name}-")
+    if run.checkpoint_dir:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a fresh run, not the resumption of an old one
+    if run.step != "inference":
+        cmd = [*cmd, "--checkpoint-dir", checkpoint_dir]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.env}
     launched = time.time()
     summary, seen_at = None, None
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
-        process = subprocess.Popen([*cmd, "--checkpoint-dir", checkpoint_dir], cwd=ROOT, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=log)
+        process = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=log)
         for line in process.stdout:
             log.write(line)
             log.flush()  # so that `tail -f` on the log follows the run
             if line.startswith("{"):
                 summary, seen_at = json.loads(line), time.time()
         returncode = process.wait()
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a giant model's checkpoints are tens of GB
+    if not run.checkpoint_dir:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a giant model's checkpoints are tens of GB
     if returncode or summary is None:
         run.status, run.error = "failed", last_error_line(log_path)
         return
     run.status, run.summary = "ok", summary
+    if run.step == "inference":
+        return
     # wall_time_s runs from the script's own start, after its imports: add what came before it.
     started = seen_at - summary["wall_time_s"]
     run.imports_s = started - launched
@@ -238,6 +328,8 @@ def outcome_line(run: Run) -> str:
     if run.status != "ok":
         return f"FAILED ({run.error})"
     s = run.summary
+    if run.step == "inference":
+        return f"{s['images']:,} images, {s['images_per_s']:,.0f} images/s, accuracy {s['accuracy']:.2%}"
     memory = s.get("memory_per_rank") or [{}]
     state = sum(memory[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
     return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, "
@@ -246,23 +338,35 @@ def outcome_line(run: Run) -> str:
 
 
 def describe_machine() -> str:
+    """The processor (with its family and model: one name covers several generations), cores, RAM, GPUs, torch."""
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        info = {key.strip(): value.strip() for key, value in info.items()}
+        cpu = f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')} model {info.get('model', '?')})"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, " + (f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU")
             + f"; torch {torch.__version__}")
 
 
+def describe_commit() -> str:
+    """The code that ran: the commit, and whether the working tree had changes on top of it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain") else "")
+
+
 def results_markdown(results: dict) -> str:
     runs = [Run(**r) for r in results["runs"]]
     steps = [r for r in runs if r.section == "steps"]
     memory = [r for r in runs if r.section == "memory"]
+    inference = [r for r in runs if r.section == "inference"]
+    recipe = [r for r in runs if r.section == "recipe"]
     lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", "",
-             f"Command: `python benchmarks/{results['command']}`", ""]
+             f"Command: `python benchmarks/{results['command']}`" +
+             (f" (code: commit {results['commit']})" if results.get("commit") else ""), ""]
     if steps:
         ok = [r for r in steps if r.status == "ok"]
         if ok:
@@ -282,7 +386,43 @@ def results_markdown(results: dict) -> str:
         lines += ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s")) + figures(steps)
     if memory:
         lines += memory_markdown(memory)
+    if inference:
+        lines += ["## Batch inference (step 06)", ""] + inference_table(inference) + [""]
+    if recipe:
+        lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
     return "\n".join(lines) + "\n"
+
+
+def inference_table(runs: list) -> list:
+    """Step 06's whole Ray Data run (actors starting, reading, classifying each image and its mirror image,
+    writing Parquet), per number of actors."""
+    lines = ["| actors | images | seconds | images/s | accuracy |", "|---|---|---|---|---|"]
+    for r in runs:
+        if r.status != "ok":
+            lines.append(f"| {r.workers} | {r.status}: {r.skipped or r.error} | | | |")
+            continue
+        s = r.summary
+        lines.append(f"| {s['actors']} | {s['images']:,} | {s['seconds']:.1f} | {s['images_per_s']:,.0f} | "
+                     f"{s['accuracy']:.2%} |")
+    return lines
+
+
+def recipe_table(runs: list) -> list:
+    """Each seed's run: its test accuracy epoch by epoch's end, and on the exact test images if scored."""
+    exact = {r.name.removesuffix("_exact"): r.summary for r in runs if r.step == "inference" and r.status == "ok"}
+    lines = ["| run | model | epochs | train loss | test accuracy | on the first test images alone |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        if r.step == "inference":
+            continue
+        if r.status != "ok":
+            lines.append(f"| {r.name} | {r.status}: {r.skipped or r.error} | | | | |")
+            continue
+        s, e = r.summary, exact.get(r.name)
+        alone = f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
+        lines.append(f"| {r.name} | {s['model']} | {s['epochs']} | {s['train_loss']:.4f} | "
+                     f"**{s['test_accuracy']:.2%}** | {alone} |")
+    return lines
 
 
 TIMING_NOTE = (
@@ -307,16 +447,16 @@ def startup_markdown(steps: list, ray_start_s: float | None) -> list:
                   r.summary["time_to_first_step_s"] - t["model"], r.launch_to_first_step_s]
         lines.append(f"| {r.name} | " + " | ".join(f"{p:.1f}" for p in phases) + " |")
     if ray_start_s is not None:
-        lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`start_ray`, measured alone, imports "
+        lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`ray.init`, measured alone, imports "
                       f"excluded) took {ray_start_s:.1f} s; the rest is Ray Train starting its controller and "
                       f"worker processes, which import torch, and setting up the process group."]
     return lines + [""]
 
 
 def measure_ray_start() -> float:
-    """Seconds that start_ray() takes to start a local Ray, in a fresh process, imports excluded."""
-    code = ("import time; from common.ray_setup import start_ray; t = time.time(); start_ray(None); "
-            "print(time.time() - t)")
+    """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
+    code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
+            "ray.init(address='local', **init_options('local')); print(time.time() - t)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -406,6 +546,16 @@ def write_plots(runs: list, out: Path) -> list:
         ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
         ax.invert_yaxis()
         written.append(save(fig, out / "throughput.png"))
+    recipe = [r for r in runs if r.section == "recipe" and r.step != "inference" and r.status == "ok"]
+    if recipe:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in recipe:
+            history = r.summary["history"]
+            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o",
+                    label=f"{r.name} ({r.summary['model']})")
+        ax.set(xlabel="epoch", ylabel="test accuracy", title="The recipe, epoch by epoch")
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / "recipe_accuracy.png"))
     memory = [r for r in runs if r.section == "memory" and r.status == "ok"]
     if memory:
         fig, ax = plt.subplots(figsize=(8, 4))

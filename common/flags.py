@@ -5,15 +5,21 @@ and exit code 2 (argparse's code for a bad flag). Under torchrun every rank pars
 the first process alone prints, the others give it time to (quiet_exit_code) and exit with the same code.
 """
 import argparse
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 from .data import DEFAULT_DATA_DIR, SYNTHETIC_SIZES, VALIDATION_SIZE, cache_exists
 from .errors import first_process, quiet_exit_code
-from .model import PRESETS
+from .model import DEFAULT_PRESET, PRESETS
 
+# Where the steps write by default (checkpoints/, results/): the repository root, whatever folder a
+# step runs from. A path given on the command line is taken relative to the current folder, as usual.
+REPOSITORY = Path(__file__).resolve().parents[1]
 TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
 EVAL_SIZES = {"cifar10": 10_000, "cifar10-val": VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["test"]}
 
@@ -24,6 +30,7 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, description: str, check):
         super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
         self.check = check
+        self.local_mode = False  # whether --num-workers 0 is Ray Train's local mode (add_ray_flags)
 
     def error(self, message):
         if not first_process():
@@ -48,13 +55,15 @@ def make_parser(description: str, step: str) -> Parser:
     p = Parser(description, check_flags)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size, split evenly over processes")
+    p.add_argument("--grad-accum-steps", type=int, default=1,
+                   help="micro-batches per optimizer step: each process's share of the batch, split again")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate, reached after warmup")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     add_data_flags(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-dir", default=f"checkpoints/{step}")
+    p.add_argument("--checkpoint-dir", default=str(REPOSITORY / "checkpoints" / step))
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
     p.add_argument("--fail-at-epoch", type=int, help="crash one process after this epoch's checkpoint (practice)")
@@ -64,8 +73,9 @@ def make_parser(description: str, step: str) -> Parser:
 
 def add_data_flags(p: Parser) -> None:
     """The model and the images it is scored on: flags the training steps share with step 06 (inference)."""
-    p.add_argument("--model", default="tiny", choices=PRESETS,
-                   help="tiny: CPU, hybrid: the 10-epoch CPU recipe, small: GPU, larger: memory lessons")
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS,
+                   help="hybrid: the recipe (75%% in 10 epochs on 2 cores), tiny: 3x fewer parameters, "
+                        "small and larger: GPUs and the memory lessons")
     p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
                    help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
@@ -87,9 +97,17 @@ def check_flags(parser: Parser, args) -> None:
         parser.reject(args, flag, rule)
 
     check_data_flags(parser, args)
-    for flag in ("--epochs", "--batch-size", "--steps-per-epoch", "--num-workers"):
+    for flag in ("--epochs", "--batch-size", "--grad-accum-steps", "--steps-per-epoch", "--num-workers"):
+        if flag_value(args, flag) == 0 and flag == "--num-workers" and parser.local_mode:
+            continue
         if flag_value(args, flag) is not None and flag_value(args, flag) < 1:
             bad(flag, "must be at least 1")
+    if flag_value(args, "--num-workers") == 0 and (args.resume or args.fail_at_epoch):
+        bad("--num-workers", "is Ray Train's local mode, which keeps no checkpoints; drop --resume and "
+                             "--fail-at-epoch, or use --num-workers 1 or more")
+    for flag in ("--lr", "--weight-decay", "--warmup-epochs", "--label-smoothing"):
+        if not math.isfinite(flag_value(args, flag)):
+            bad(flag, "must be a finite number")
     for flag in ("--weight-decay", "--warmup-epochs", "--seed", "--max-failures"):
         if flag_value(args, flag) is not None and not flag_value(args, flag) >= 0:
             bad(flag, "must be 0 or more")
@@ -102,14 +120,28 @@ def check_flags(parser: Parser, args) -> None:
     if args.fail_at_epoch is not None and not 1 <= args.fail_at_epoch <= args.epochs:
         bad("--fail-at-epoch", f"must be between 1 and --epochs {args.epochs}")
     world_size = flag_value(args, "--num-workers") or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
+    check_gpus_per_node(parser)
     if args.batch_size % world_size:
         bad("--batch-size", f"does not split evenly over {world_size} processes; use a multiple of {world_size}")
+    if args.batch_size % (world_size * args.grad_accum_steps):
+        splits = world_size * args.grad_accum_steps
+        bad("--batch-size", f"does not split evenly over {world_size} process(es) x --grad-accum-steps "
+                            f"{args.grad_accum_steps}; use a multiple of {splits}")
     if args.batch_size > TRAIN_SIZES[args.data]:
         bad("--batch-size", f"is larger than the {TRAIN_SIZES[args.data]:,} training images; use at most that")
     if "://" not in args.checkpoint_dir:  # a local path (Ray also takes URIs such as s3://bucket/runs)
         args.checkpoint_dir = str(Path(args.checkpoint_dir).expanduser().resolve())
         if not can_create(args.checkpoint_dir):
             bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
+
+
+def check_gpus_per_node(parser: Parser) -> None:
+    """Under torchrun: one process per GPU, so --nproc_per_node at most the node's GPU count (a process
+    would otherwise pick a GPU that does not exist and fail with a CUDA error)."""
+    processes, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    if gpus and processes > gpus:
+        parser.error(f"--nproc_per_node {processes} is more than this node's {gpus} GPU(s), one process each; "
+                     f"use --nproc_per_node {gpus}")
 
 
 def check_data_flags(parser: Parser, args) -> None:

@@ -1,5 +1,6 @@
-"""Driver-side plumbing shared by the Ray steps (02-04): connect to Ray quietly, fail fast with one
-line when the cluster can never run the job, and name runs so that --resume finds the last one."""
+"""Plumbing shared by the Ray steps (02-06): Ray's console noise turned down, one-line errors when the
+cluster can never run the job, runs named so that --resume finds the last one, Ray Train's local mode,
+and a progress bar from a worker."""
 import logging
 import os
 import socket
@@ -8,17 +9,23 @@ from pathlib import Path
 
 import ray
 import ray.train
+import torch
+from ray.experimental import tqdm_ray
 
 from .errors import fail
 from .flags import flag_value
 from .training import check_compatible
 
-POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see start_ray)
+POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see init_options)
 
 
-def add_ray_flags(parser):
-    """The Ray steps' own flags, added to make_parser's; returns the parser."""
-    parser.add_argument("--num-workers", type=int, default=2, help="training processes (one GPU each with --use-gpu)")
+def add_ray_flags(parser, local_mode: bool = False):
+    """The Ray steps' own flags, added to make_parser's; returns the parser. local_mode: the step also
+    takes --num-workers 0, Ray Train's local mode (the training function runs in this process)."""
+    parser.add_argument("--num-workers", type=int, default=2,
+                        help="training processes, one GPU each with --use-gpu"
+                             + ("; 0: Ray Train's local mode, no Ray (debugging)" if local_mode else ""))
+    parser.local_mode = local_mode
     add_cluster_flags(parser)
     parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
     return parser
@@ -29,35 +36,56 @@ def add_cluster_flags(parser) -> None:
     parser.add_argument("--use-gpu", action="store_true", default=None,
                         help="one GPU per worker (default: when the cluster has GPUs)")
     parser.add_argument("--no-gpu", dest="use_gpu", action="store_false", help="CPU workers even on a GPU cluster")
-    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                        help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else start one here)")
+    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "local"),
+                        help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else 'local': start Ray "
+                             "on this machine)")
 
 
-def start_ray(address: str | None) -> None:
-    """Connect to (or start) Ray with its console noise turned down, but worker errors still shown
-    (Ray already prints identical lines from several workers once, with a count).
-
-    Workers on other nodes import `common` from the copy shipped in the runtime environment."""
-    if address and address != "auto":
+def init_options(address: str) -> dict:
+    """ray.init's arguments in every step but the address and the runtime environment: Ray's own INFO and
+    WARNING lines turned off (worker errors still shown, identical lines from several workers once). Sets
+    the environment that Ray hands on to its controller and workers: the steps' controller poll, no copy
+    of every print into Ray Train's logger (each line would show twice), and on a Ray started here no
+    PreemptionWatcher (it watches for spot instances being drained; its start-up line looks like an error)."""
+    if address not in ("local", "auto"):
         check_reachable(address)
-    import common
-
-    # Ray Train copies every print in a worker into its own logger too, which echoes it on stderr: each
-    # line would show twice. Ray hands these variables on to its controller and workers.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     # Every ray.train.report waits for the controller's next poll of the workers: every 2 s by default.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
-    ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=True,
-             logging_config=ray.LoggingConfig(log_level="ERROR"),  # Ray's own INFO and WARNING lines in workers
-             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+    if address == "local":
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    return dict(logging_level=logging.WARNING, log_to_driver=True,
+                logging_config=ray.LoggingConfig(log_level="ERROR"))
 
 
 def quiet_report_logs() -> None:
     """Call in each worker. Ray Train logs every ray.train.report at INFO, from every rank, through a logger
-    named after its source file (not "ray.train"), which its LoggingConfig does not reach."""
+    named after its source file (not "ray.train"), which its LoggingConfig does not reach; in local mode,
+    no worker applies that LoggingConfig at all."""
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+def progress_bar(batches, total: int, desc: str, show: bool):
+    """The batches, with a progress bar on the rank that shows it: Ray's tqdm_ray, which sends its state to
+    the driver, where one bar is drawn in place. A plain tqdm in a worker reaches the driver as a new line
+    at every update (Ray forwards a worker's output line by line)."""
+    if not show:
+        yield from batches
+        return
+    bar = tqdm_ray.tqdm(total=total, desc=desc)
+    for batch in batches:
+        yield batch
+        bar.update(1)
+    bar.close()
+
+
+def this_node() -> str:
+    """Which machine this process runs on: Ray's node id in a Ray worker (the tests' two Ray nodes share
+    one host), the host name in local mode, where no Ray runs."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else socket.gethostname()
 
 
 def check_reachable(address: str) -> None:
@@ -72,17 +100,37 @@ def check_reachable(address: str) -> None:
 def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
     """Whether the workers (or step 06's actors: flag="--actors") use GPUs (--use-gpu, --no-gpu, else: if the
     cluster has any), after checking that the cluster can ever hold them: Ray would wait for them forever."""
+    count = flag_value(args, flag)
+    if count == 0:
+        return prepare_local_mode(args)
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     use_gpu = gpus > 0 if args.use_gpu is None else args.use_gpu
-    count = flag_value(args, flag)
     if use_gpu and gpus == 0:
         raise fail("--use-gpu but this Ray cluster has no GPUs; drop --use-gpu to run on CPUs")
     if use_gpu and count > gpus:
-        raise fail(f"{flag} {count} needs {count} GPUs, the cluster has {gpus}; use {flag} {gpus} or fewer")
+        raise fail(f"{flag} {count} needs {count} GPUs, the cluster has {gpus}; use {flag} {gpus} or fewer, "
+                   f"or --no-gpu to train on CPUs")
     if count > cpus:
         raise fail(f"{flag} {count} needs {count} CPUs, the cluster has {cpus}; use {flag} {cpus} or fewer")
     return use_gpu
+
+
+def prepare_local_mode(args) -> bool:
+    """Ray Train's local mode (ScalingConfig(num_workers=0)) runs the training function in this process, or in
+    each process torchrun started, and starts a torch process group only under torchrun. A plain process gets
+    the environment of a one-process torchrun, so that it has a process group too (of one) and the training
+    function runs unchanged. Local mode trains on this machine's GPU if it has one, whatever --use-gpu says."""
+    if args.use_gpu is not None and args.use_gpu != torch.cuda.is_available():
+        raise fail(f"--num-workers 0 (local mode) trains on {'the' if torch.cuda.is_available() else 'no'} GPU of "
+                   f"this machine; drop --use-gpu and --no-gpu")
+    if "WORLD_SIZE" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return torch.cuda.is_available()
 
 
 def run_name(step: str, args) -> str:

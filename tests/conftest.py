@@ -1,3 +1,4 @@
+import builtins
 import importlib.util
 import json
 import os
@@ -12,10 +13,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
 RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+TRAINING_STEPS = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
+                  "train_ray_fsdp.py", "train_ray_fsdp2.py", "tune_ray_ddp.py")
 # Tiny, fast settings on the synthetic data: 2 epochs of 6 steps. In so few steps the recipe's lr 2e-3 often
 # leaves the conv stem at chance; at 1e-3 three data orders reached 36-41% test accuracy.
 SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "6", "--batch-size", "32",
          "--lr", "1e-3"]
+# The multi-process smoke runs (torchrun DDP, Ray DDP, FSDP1, FSDP2) accumulate 2 micro-batches per optimizer step:
+# 2 ranks x 2 micro-batches of 8 images, which must compute what one process does with batches of 32 (test_step01).
+ACCUMULATE = ["--grad-accum-steps", "2"]
 # Runs that sum the same gradients in another order (N ranks vs 1: step 01's single process, step 04's run on 1
 # worker then 2) end equal up to float rounding, which Adam's normalisation amplifies where a gradient is tiny: 1e-4
 # is a tenth of one step at lr 1e-3. Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32
@@ -45,6 +51,28 @@ def run_main(capsys, monkeypatch):
 
 
 @pytest.fixture
+def main_summary(capsys, monkeypatch):
+    """Runs a script's main() in this process, as its command line would, to the end: its JSON summary (the last
+    line of stdout) and its stdout. For checks that need no new interpreter, or that look inside this process."""
+    def main_summary(script, *flags):
+        monkeypatch.setattr(sys, "argv", [script, *flags])
+        # What a run may change in its process, restored after: the environment (local mode sets torchrun's),
+        # print (Ray's tqdm_ray patches it), and the thread count, 1 as in the subprocesses (the same rounding).
+        monkeypatch.setattr(builtins, "print", builtins.print)
+        environment, threads = dict(os.environ), torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            load_script(script).main()
+        finally:
+            os.environ.clear()
+            os.environ.update(environment)
+            torch.set_num_threads(threads)
+        stdout = capsys.readouterr().out
+        return json.loads(stdout.strip().splitlines()[-1]), stdout
+    return main_summary
+
+
+@pytest.fixture
 def main_error(run_main):
     """The one-line error that a script's main() ends with (see run_main), checked to be one line and alone."""
     def main_error(script, *flags) -> str:
@@ -58,11 +86,11 @@ def main_error(run_main):
 @pytest.fixture
 def cluster_main_error(ray_driver, main_error, monkeypatch):
     """main_error for errors found once a Ray script has connected (--actors or --num-workers larger than the
-    cluster): its main() runs in this process, already a driver on the test cluster, so its start_ray (ray.init)
-    is skipped and its checks ask that cluster. A new interpreter would spend 8-11 s importing torch and Ray."""
-    import common.ray_setup
+    cluster): its main() runs in this process, already a driver on the test cluster, so its ray.init is skipped
+    and its checks ask that cluster. A new interpreter would spend 8-11 s importing torch and Ray."""
+    import ray
 
-    monkeypatch.setattr(common.ray_setup, "start_ray", lambda address: None)
+    monkeypatch.setattr(ray, "init", lambda **options: None)
 
     def cluster_main_error(script, *flags) -> str:
         return main_error(script, *flags, "--address", ray_driver)
@@ -70,7 +98,10 @@ def cluster_main_error(ray_driver, main_error, monkeypatch):
 
 
 def run(cmd, timeout=180, **kwargs):
-    """Run a command from the repository root; return the CompletedProcess (text)."""
+    """Run a command from the repository root; return the CompletedProcess (text). A training step must name
+    its --model: no test depends on the default preset, which is chosen for 10-epoch runs, not for tests."""
+    if any(str(part).endswith(TRAINING_STEPS) for part in cmd):
+        assert "--model" in cmd, f"name the preset this test trains: {cmd}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
 
@@ -104,7 +135,7 @@ def ray_driver(ray_cluster):
 
     from common.ray_setup import POLL_INTERVAL_S
 
-    # As the Ray scripts do (start_ray): every report waits for the Train controller's poll, 2 s by default.
+    # As the Ray scripts do (init_options): every report waits for the Train controller's poll, 2 s by default.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
     ray.init(address=ray_cluster, logging_level="ERROR")
     yield ray_cluster
@@ -115,7 +146,8 @@ def ray_driver(ray_cluster):
 def ddp_run(tmp_path_factory):
     """One torchrun DDP run (2 processes) that steps 01 and 02 compare against."""
     checkpoint_dir = tmp_path_factory.mktemp("ddp")
-    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
+    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, *ACCUMULATE, "--checkpoint-dir",
+                      str(checkpoint_dir))
     return final_json(result), checkpoint_dir, result
 
 
@@ -125,7 +157,7 @@ def ray_run(ray_cluster, tmp_path_factory):
     epoch 1 and Ray restarts the worker group from that checkpoint: the run still ends with torchrun DDP's weights,
     bit for bit (test_step02), so every comparison with it checks the restart too."""
     storage = tmp_path_factory.mktemp("ray_ddp")
-    result = ray_script(RAY_DDP, ray_cluster, storage, "--fail-at-epoch", "1", "--max-failures", "1")
+    result = ray_script(RAY_DDP, ray_cluster, storage, *ACCUMULATE, "--fail-at-epoch", "1", "--max-failures", "1")
     return final_json(result), storage, result
 
 
@@ -135,10 +167,10 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
     restart left, and --resume finishes it on 2, so epoch 1's sharded checkpoint is resharded from 1 rank to 2.
     Sharded checkpoints, the last one with the full model.pt (steps 04 and 06)."""
     storage = tmp_path_factory.mktemp("fsdp2")
-    crashed = ray_script(RAY_FSDP2, ray_cluster, storage, "--num-workers", "1", "--fail-at-epoch", "1",
+    crashed = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, "--num-workers", "1", "--fail-at-epoch", "1",
                          "--max-failures", "0")
     assert crashed.returncode != 0, crashed.stderr[-3000:]
-    result = ray_script(RAY_FSDP2, ray_cluster, storage, "--resume")
+    result = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, "--resume")
     return final_json(result), storage, result
 
 

@@ -12,9 +12,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_benchmark_writes_table_and_plots(ray_cluster, tmp_path):
-    result = python("benchmarks/compare_steps.py", "--data", "synthetic", "--epochs", "2", "--steps-per-epoch", "3",
-                    "--batch-size", "32", "--memory-model", "tiny", "--memory-workers", "2", "--address", ray_cluster,
-                    "--only", "single_machine", "ddp", "memory_fsdp1_n2", "--out", str(tmp_path), timeout=300)
+    result = python("benchmarks/compare_steps.py", "--data", "synthetic", "--model", "tiny", "--epochs", "2",
+                    "--steps-per-epoch", "3", "--batch-size", "32", "--memory-model", "tiny", "--memory-workers", "2",
+                    "--address", ray_cluster, "--only", "single_machine", "ddp", "memory_fsdp1_n2",
+                    "--out", str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"table: {tmp_path / 'results.md'}" in result.stdout
 

@@ -17,7 +17,12 @@ EVERY_STEP = [
     (["--steps-per-epoch", "-3"], "error: --steps-per-epoch -3 must be at least 1"),
     (["--eval-images", "0"], "error: --eval-images 0 must be at least 1"),
     (["--lr", "-0.1"], "error: --lr -0.1 must be greater than 0 (the recipe's is 2e-3)"),
-    (["--lr", "nan"], "error: --lr nan must be greater than 0 (the recipe's is 2e-3)"),
+    (["--lr", "nan"], "error: --lr nan must be a finite number"),
+    (["--lr", "inf"], "error: --lr inf must be a finite number"),
+    (["--weight-decay", "inf"], "error: --weight-decay inf must be a finite number"),
+    (["--warmup-epochs", "nan"], "error: --warmup-epochs nan must be a finite number"),
+    (["--grad-accum-steps", "0"], "error: --grad-accum-steps 0 must be at least 1"),
+
     (["--weight-decay", "-1"], "error: --weight-decay -1.0 must be 0 or more"),
     (["--seed", "-1"], "error: --seed -1 must be 0 or more"),
     (["--label-smoothing", "1"], "error: --label-smoothing 1.0 must be at least 0 and below 1 (the recipe's is 0.1)"),
@@ -34,8 +39,14 @@ EVERY_STEP = [
     (["--model", "enormous"], "error: argument --model: invalid choice: 'enormous' (choose from 'tiny', 'hybrid', "
      "'small', 'base', 'large', 'huge', 'giant')"),
 ]
+STEP_01 = [
+    (["--batch-size", "32", "--grad-accum-steps", "3"],
+     "error: --batch-size 32 does not split evenly over 1 process(es) x --grad-accum-steps 3; use a multiple of 3"),
+]
 RAY_ONLY = [
-    (["--num-workers", "0"], "error: --num-workers 0 must be at least 1"),
+    (["--num-workers", "2", "--batch-size", "32", "--grad-accum-steps", "3"],
+     "error: --batch-size 32 does not split evenly over 2 process(es) x --grad-accum-steps 3; use a multiple of 6"),
+    (["--num-workers", "-1"], "error: --num-workers -1 must be at least 1"),
     (["--max-failures", "-1"], "error: --max-failures -1 must be 0 or more"),
     (["--num-workers", "3", "--batch-size", "32"],
      "error: --batch-size 32 does not split evenly over 3 processes; use a multiple of 3"),
@@ -56,8 +67,20 @@ INFERENCE_CASES = [
     (["--batch-size", "0"], "error: --batch-size 0 must be at least 1"),
     *[case for case in EVERY_STEP if case[0][-2] in ("--eval-images", "--data-dir", "--model")],
 ]
+# --num-workers 0 is Ray Train's local mode in steps 02 to 04; the Ray Data variant and the sweep need Ray.
+LOCAL_MODE_SCRIPTS = RAY_SCRIPTS[0:1] + RAY_SCRIPTS[2:4]
+NEED_RAY = [(["--num-workers", "0"], "error: --num-workers 0 must be at least 1")]
+LOCAL_MODE = [
+    (["--num-workers", "0", "--resume"], "error: --num-workers 0 is Ray Train's local mode, which keeps no "
+     "checkpoints; drop --resume and --fail-at-epoch, or use --num-workers 1 or more"),
+    (["--num-workers", "0", "--epochs", "2", "--fail-at-epoch", "1"], "error: --num-workers 0 is Ray Train's local "
+     "mode, which keeps no checkpoints; drop --resume and --fail-at-epoch, or use --num-workers 1 or more"),
+]
 CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
+    (script, *case) for script in SCRIPTS[:2] for case in STEP_01] + [
     (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY] + [
+    (script, *case) for script in RAY_SCRIPTS if script not in LOCAL_MODE_SCRIPTS for case in NEED_RAY] + [
+    (script, *case) for script in LOCAL_MODE_SCRIPTS for case in LOCAL_MODE] + [
     ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY] + [
     (INFERENCE, ["--checkpoint", "nowhere", *flags], message) for flags, message in INFERENCE_CASES]
 

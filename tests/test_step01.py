@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from common import build_model, count_params
-from conftest import (ROUNDING, ROOT, SMOKE, assert_same_weights, assert_sane_summary, final_json, free_port,
-                      load_weights, python, torchrun)
+from conftest import (ACCUMULATE, ROUNDING, ROOT, SMOKE, assert_same_weights, assert_sane_summary, final_json,
+                      free_port, load_weights, python, torchrun)
 
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
@@ -43,11 +43,24 @@ def test_ddp_trains_and_reports_once(ddp_run):
 
 
 def test_ddp_equals_single_machine_with_the_same_global_batch(single_run, ddp_run):
-    """The workshop's 'mathematically equivalent' claim: 2 processes x 16 images == 1 process x 32."""
+    """The workshop's 'mathematically equivalent' claim, with gradient accumulation: 2 processes x 2 micro-batches
+    of 8 images (no all-reduce on the first) == 1 process x 32 images."""
     assert_same_weights(load_weights(single_run[1]), load_weights(ddp_run[1]), atol=ROUNDING)
     single, ddp = single_run[0]["history"], ddp_run[0]["history"]
     assert [h["test_accuracy"] for h in single] == [h["test_accuracy"] for h in ddp]
     np.testing.assert_allclose([h["train_loss"] for h in single], [h["train_loss"] for h in ddp], rtol=1e-5)
+
+
+def test_k_micro_batches_equal_one_batch_k_times_the_size(single_run, main_summary, tmp_path):
+    """One process, 4 micro-batches of 8 images per optimizer step: the weights of batches of 32, up to rounding.
+    Run in this process (it needs no other): its first step, the losses and the accuracies match too."""
+    summary, _ = main_summary(SINGLE, *SMOKE, "--grad-accum-steps", "4", "--checkpoint-dir", str(tmp_path))
+    assert summary["grad_accum_steps"] == 4
+    assert_same_weights(load_weights(single_run[1]), load_weights(tmp_path), atol=ROUNDING)
+    single = single_run[0]["history"]
+    assert [h["test_accuracy"] for h in summary["history"]] == [h["test_accuracy"] for h in single]
+    np.testing.assert_allclose([h["train_loss"] for h in summary["history"]], [h["train_loss"] for h in single],
+                               rtol=1e-5)
 
 
 def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
@@ -61,9 +74,10 @@ def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
 
 
 def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp_path):
-    crashed = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(tmp_path), "--fail-at-epoch", "1", timeout=120)
+    flags = [*SMOKE, *ACCUMULATE, "--checkpoint-dir", str(tmp_path)]
+    crashed = torchrun(DDP, 2, *flags, "--fail-at-epoch", "1", timeout=120)
     assert crashed.returncode != 0 and "simulated crash of rank 1 after epoch 1" in crashed.stderr
-    resumed = torchrun(DDP, 2, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    resumed = torchrun(DDP, 2, *flags, "--resume")
     assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
     assert_same_weights(load_weights(ddp_run[1]), load_weights(tmp_path))
 

@@ -1,10 +1,12 @@
-"""Step 02: Ray Train DDP on a real two-node Ray cluster (on this machine), fault tolerance and resume."""
-
+"""Step 02: Ray Train DDP on a real two-node Ray cluster (on this machine), fault tolerance and resume; Ray Train's
+local mode."""
 import pytest
+import ray
 import ray.train
 
 from common import build_model
-from conftest import RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, latest_ray_checkpoint, load_weights
+from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, final_json,
+                      latest_ray_checkpoint, load_weights, torchrun)
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
@@ -60,3 +62,26 @@ def test_requests_the_cluster_cannot_hold_fail_at_once_with_one_line(cluster_mai
 def test_unreachable_address_is_a_one_line_error(tmp_path, main_error):
     error = main_error(RAY_DDP, *SMOKE, "--address", "127.0.0.1:9", "--checkpoint-dir", str(tmp_path))
     assert error.startswith("error: no Ray cluster answers at --address 127.0.0.1:9")
+
+
+def test_local_mode_trains_in_this_process_without_ray(main_summary, monkeypatch, tmp_path):
+    """--num-workers 0, Ray Train's local mode: train_func runs here, in the test's own process (where breakpoint()
+    would stop), with no Ray started, and keeps no checkpoint. It trains what Ray's one worker would."""
+    def no_ray(**options):
+        raise AssertionError("local mode started Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    summary, stdout = main_summary(RAY_DDP, *SMOKE, "--num-workers", "0", "--checkpoint-dir", str(tmp_path))
+    assert summary["step"] == "ray_ddp" and summary["world_size"] == 1 and len(summary["history"]) == 2
+    assert summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
+    assert "best checkpoint" not in stdout and not any(tmp_path.iterdir())
+
+
+def test_local_mode_under_torchrun_trains_as_torchrun_ddp_does(ddp_run, tmp_path):
+    """torchrun starts the processes, Ray Train's local mode gives each the same ray.train API and a process group:
+    the same run as step 01's torchrun DDP, to the last digit of every loss and accuracy."""
+    result = torchrun(RAY_DDP, 2, *SMOKE, *ACCUMULATE, "--num-workers", "0", "--checkpoint-dir", str(tmp_path))
+    local, ddp = final_json(result), ddp_run[0]
+    assert local["world_size"] == 2 and result.stdout.count("parameters | data:") == 1  # rank 0 alone speaks
+    assert [(h["train_loss"], h["test_accuracy"]) for h in local["history"]] == [
+        (h["train_loss"], h["test_accuracy"]) for h in ddp["history"]]

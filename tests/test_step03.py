@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
+from conftest import (ACCUMULATE, SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
                       load_weights, ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
@@ -16,7 +16,7 @@ def fsdp1_run(ray_cluster, tmp_path_factory):
     full-state checkpoint back into the sharded model. One Ray run checks both the sharding and the restart: had
     the restart lost any state, the run would not end with DDP's weights."""
     storage = tmp_path_factory.mktemp("fsdp1")
-    result = ray_script(RAY_FSDP, ray_cluster, storage, "--fail-at-epoch", "1", "--max-failures", "1")
+    result = ray_script(RAY_FSDP, ray_cluster, storage, *ACCUMULATE, "--fail-at-epoch", "1", "--max-failures", "1")
     return final_json(result), storage, result
 
 
@@ -25,7 +25,7 @@ def test_fsdp1_trains_on_cpus_and_says_how_it_wrapped_the_model(fsdp1_run):
     assert_sane_summary(summary, "ray_fsdp", world_size=2)
     assert summary["nodes"] == 2 and summary["device"] == "cpu"
     assert result.stdout.splitlines()[0] == ("FSDP1: on CPUs, FullyShardedDataParallel by hand: "
-                                             "Ray's prepare_model refuses fsdp without CUDA")
+                                             "prepare_model refuses fsdp without CUDA")
 
 
 def test_fsdp1_holds_half_the_state_per_rank(fsdp1_run):
@@ -68,4 +68,5 @@ def test_crashed_worker_restarts_from_the_last_checkpoint(fsdp1_run):
 
 def test_one_worker_is_refused_in_one_line(tmp_path, run_main):
     assert run_main(RAY_FSDP, *SMOKE, "--num-workers", "1", "--checkpoint-dir", str(tmp_path)) == (
-        2, ["error: --num-workers 1 is too few: sharding needs 2 or more workers"])
+        2, ["error: --num-workers 1 is too few: sharding needs 2 or more workers (with one GPU: --num-workers 2 "
+            "--no-gpu shards over CPU workers)"])
