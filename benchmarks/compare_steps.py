@@ -71,7 +71,7 @@ def main():
     args = parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    machine = describe_machine()
+    machine, commit = describe_machine(), describe_commit()  # at the start: the code that runs
     planned = plan_step_runs(args) + plan_memory_runs(args) + plan_inference_runs(args) + plan_recipe_runs(args)
     runs = [r for r in planned if selected(r, args.only)]
     if not runs:
@@ -89,7 +89,7 @@ def main():
     ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
                                              and not args.address for r in runs) else None
     results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   date=time.strftime("%Y-%m-%d"), commit=describe_commit(), ray_start_s=ray_start_s,
+                   date=time.strftime("%Y-%m-%d"), commit=commit, ray_start_s=ray_start_s,
                    runs=[vars(r) for r in runs])
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(results_markdown(results))
@@ -352,10 +352,11 @@ def describe_machine() -> str:
 
 
 def describe_commit() -> str:
-    """The code that ran: the commit, and whether the working tree had changes on top of it."""
+    """The code that runs: the commit, and whether the steps or common/ had changes on top of it."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "common", *sorted(SCRIPTS.values()))
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes to the steps)" if changed else "")
 
 
 def results_markdown(results: dict) -> str:
