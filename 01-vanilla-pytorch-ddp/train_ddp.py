@@ -23,6 +23,7 @@ from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
 from common import load_checkpoint, save_checkpoint
+from common.profiling import StepProfiler
 
 STEP = "ddp"
 
@@ -88,6 +89,7 @@ def train(args, rank, world_size, master_process, device):
             print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
 
     startup["model"] = time.time()
+    profiler = StepProfiler(args, rank, args.checkpoint_dir)  # --profile-steps: per-rank traces
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
@@ -113,6 +115,7 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
+            profiler.step()
             scheduler.step()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's

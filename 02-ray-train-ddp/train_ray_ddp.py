@@ -29,6 +29,7 @@ from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, 
 from common import load_checkpoint, save_checkpoint
 from common.errors import first_process
 from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.profiling import StepProfiler
 from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
 
 STEP = "ray_ddp"
@@ -126,6 +127,9 @@ def train(args, rank, world_size, master_process, device):
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
     startup["model"] = time.time()
+    # --profile-steps: per-rank traces, beside the run's checkpoints
+    run_folder = Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
+    profiler = StepProfiler(args, rank, run_folder)
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
@@ -151,6 +155,7 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
+            profiler.step()
             scheduler.step()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's

@@ -33,6 +33,7 @@ from common import load_checkpoint, save_checkpoint
 from common.errors import first_process
 from common.model import TRANSFORMER_BLOCK
 from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.profiling import StepProfiler
 from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
 
 STEP = "ray_fsdp"
@@ -148,6 +149,9 @@ def train(args, rank, world_size, master_process, device):
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
     startup["model"] = time.time()
+    # --profile-steps: per-rank traces, beside the run's checkpoints
+    run_folder = Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
+    profiler = StepProfiler(args, rank, run_folder)
     time_to_first_step, train_seconds, images_trained = None, 0.0, 0
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
@@ -161,10 +165,9 @@ def train(args, rank, world_size, master_process, device):
                 optimizer.zero_grad(set_to_none=True)
             last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
             images = augment_batch(images, ids, epoch, args.seed)  # on the device: Ray moved them
-            # DDP all-reduces the gradients in every backward: until the last micro-batch, skip it.
-            # (With one worker prepare_model does not wrap the model: nothing to skip.)
-            no_sync = getattr(model, "no_sync", contextlib.nullcontext)
-            with contextlib.nullcontext() if last_micro_batch else no_sync():
+            # FSDP1 reduce-scatters the gradients in every backward: until the last micro-batch,
+            # skip it (each rank keeps the unsharded gradients meanwhile).
+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():
                 with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
                     # Each micro-batch's share of the mean loss over the whole batch.
                     loss = criterion(model(images), labels) / args.grad_accum_steps
@@ -173,6 +176,7 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
+            profiler.step()
             scheduler.step()
             time_to_first_step = time_to_first_step or time.time() - args.launched
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's

@@ -1,6 +1,6 @@
 """How the CPU recipe was chosen: short runs of step 01's training on the validation split, one per variant.
 
-    python benchmarks/recipe_search.py --data-dir ../shared/data/cifar10 --epochs 3 --variants baseline stem
+    python benchmarks/recipe_search.py --data-dir DIR --epochs 3 --variants baseline stem
 
 Each variant changes the `tiny` preset as it was when the search began (FIRST_TINY), the crop
 padding or a training flag of train_single_machine.py, and runs that script's own training in a
@@ -66,7 +66,8 @@ def main():
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.variants:
-        flags = ["--data", "cifar10-val", "--data-dir", args.data_dir, "--epochs", str(args.epochs),
+        # Every variant changes the preset named tiny (run_variant), whatever the steps' default is.
+        flags = ["--model", "tiny", "--data", "cifar10-val", "--data-dir", args.data_dir, "--epochs", str(args.epochs),
                  "--seed", str(args.seed), "--checkpoint-dir", f"/tmp/recipe-search-{name}", *VARIANTS[name][2]]
         command = [sys.executable, __file__, RUN_VARIANT, name, *flags]
         print("+", " ".join(command), flush=True)

@@ -16,6 +16,7 @@ import torch
 from .data import DEFAULT_DATA_DIR, SYNTHETIC_SIZES, VALIDATION_SIZE, cache_exists
 from .errors import first_process, quiet_exit_code
 from .model import DEFAULT_PRESET, PRESETS
+from .profiling import add_profile_flag, check_profile_flag
 
 # Where the steps write by default (checkpoints/, results/): the repository root, whatever folder a
 # step runs from. A path given on the command line is taken relative to the current folder, as usual.
@@ -67,6 +68,7 @@ def make_parser(description: str, step: str) -> Parser:
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
     p.add_argument("--fail-at-epoch", type=int, help="crash one process after this epoch's checkpoint (practice)")
+    add_profile_flag(p)
     p.set_defaults(launched=time.time())  # wall time and time to first step count from here
     return p
 
@@ -133,6 +135,7 @@ def check_flags(parser: Parser, args) -> None:
         args.checkpoint_dir = str(Path(args.checkpoint_dir).expanduser().resolve())
         if not can_create(args.checkpoint_dir):
             bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
+    check_profile_flag(parser, args, TRAIN_SIZES[args.data])
 
 
 def check_gpus_per_node(parser: Parser) -> None:

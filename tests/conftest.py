@@ -22,6 +22,8 @@ SMOKE = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per
 # The multi-process smoke runs (torchrun DDP, Ray DDP, FSDP1, FSDP2) accumulate 2 micro-batches per optimizer step:
 # 2 ranks x 2 micro-batches of 8 images, which must compute what one process does with batches of 32 (test_step01).
 ACCUMULATE = ["--grad-accum-steps", "2"]
+# and profile 2 optimizer steps after the 2 warm-up steps: a trace per rank, and the collectives per step.
+PROFILE = ["--profile-steps", "2"]
 # Runs that sum the same gradients in another order (N ranks vs 1: step 01's single process, step 04's run on 1
 # worker then 2) end equal up to float rounding, which Adam's normalisation amplifies where a gradient is tiny: 1e-4
 # is a tenth of one step at lr 1e-3. Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32
@@ -146,7 +148,7 @@ def ray_driver(ray_cluster):
 def ddp_run(tmp_path_factory):
     """One torchrun DDP run (2 processes) that steps 01 and 02 compare against."""
     checkpoint_dir = tmp_path_factory.mktemp("ddp")
-    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, *ACCUMULATE, "--checkpoint-dir",
+    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, *ACCUMULATE, *PROFILE, "--checkpoint-dir",
                       str(checkpoint_dir))
     return final_json(result), checkpoint_dir, result
 
@@ -157,7 +159,8 @@ def ray_run(ray_cluster, tmp_path_factory):
     epoch 1 and Ray restarts the worker group from that checkpoint: the run still ends with torchrun DDP's weights,
     bit for bit (test_step02), so every comparison with it checks the restart too."""
     storage = tmp_path_factory.mktemp("ray_ddp")
-    result = ray_script(RAY_DDP, ray_cluster, storage, *ACCUMULATE, "--fail-at-epoch", "1", "--max-failures", "1")
+    result = ray_script(RAY_DDP, ray_cluster, storage, *ACCUMULATE, *PROFILE, "--fail-at-epoch", "1",
+                        "--max-failures", "1")
     return final_json(result), storage, result
 
 
@@ -170,7 +173,7 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
     crashed = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, "--num-workers", "1", "--fail-at-epoch", "1",
                          "--max-failures", "0")
     assert crashed.returncode != 0, crashed.stderr[-3000:]
-    result = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, "--resume")
+    result = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, *PROFILE, "--resume")
     return final_json(result), storage, result
 
 
@@ -190,6 +193,18 @@ def final_json(result) -> dict:
     """The last stdout line of a step script: its JSON summary."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def profile_summary(folder) -> dict:
+    """The --profile-steps summary of a run: step 01's --checkpoint-dir, or a Ray run's folder in its storage."""
+    found = sorted(Path(folder).glob("profile/summary.json")) + sorted(Path(folder).glob("*/profile/summary.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+def collectives_per_step(summary: dict) -> list[dict]:
+    """Each rank's collectives per optimizer step, as {kind: calls}."""
+    return [{kind: c["calls"] for kind, c in rank["mean"]["collectives"].items()} for rank in summary["ranks"]]
 
 
 def ray_checkpoints(storage) -> list[Path]:

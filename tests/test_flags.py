@@ -22,6 +22,9 @@ EVERY_STEP = [
     (["--weight-decay", "inf"], "error: --weight-decay inf must be a finite number"),
     (["--warmup-epochs", "nan"], "error: --warmup-epochs nan must be a finite number"),
     (["--grad-accum-steps", "0"], "error: --grad-accum-steps 0 must be at least 1"),
+    (["--profile-steps", "-1"], "error: --profile-steps -1 must be 0 or more"),
+    (["--steps-per-epoch", "6", "--profile-steps", "5"],
+     "error: --profile-steps 5 and 2 warm-up steps do not fit in an epoch of 6 steps; use at most 4"),
 
     (["--weight-decay", "-1"], "error: --weight-decay -1.0 must be 0 or more"),
     (["--seed", "-1"], "error: --seed -1 must be 0 or more"),

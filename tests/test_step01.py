@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from common import build_model, count_params
-from conftest import (ACCUMULATE, ROUNDING, ROOT, SMOKE, assert_same_weights, assert_sane_summary, final_json,
-                      free_port, load_weights, python, torchrun)
+from conftest import (ACCUMULATE, ROUNDING, ROOT, SMOKE, assert_same_weights, assert_sane_summary,
+                      collectives_per_step, final_json, free_port, load_weights, profile_summary, python, torchrun)
 
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
@@ -61,6 +61,18 @@ def test_k_micro_batches_equal_one_batch_k_times_the_size(single_run, main_summa
     assert [h["test_accuracy"] for h in summary["history"]] == [h["test_accuracy"] for h in single]
     np.testing.assert_allclose([h["train_loss"] for h in summary["history"]], [h["train_loss"] for h in single],
                                rtol=1e-5)
+
+
+def test_ddp_all_reduces_once_per_optimizer_step_not_once_per_micro_batch(ddp_run):
+    """The profiler's count, per rank and optimizer step of 2 micro-batches: tiny's gradients fill 2 DDP buckets, each
+    all-reduced once. Without no_sync() on the first micro-batch it would be 4 (tests/test_profiling.py shows DDP
+    doubling them). Every rank wrote its trace."""
+    summary = profile_summary(ddp_run[1])
+    assert collectives_per_step(summary) == [{"all_reduce": 2}, {"all_reduce": 2}]
+    assert summary["profiled_steps"] == 2
+    assert sorted(p.name for p in (ddp_run[1] / "profile").iterdir()) == ["rank0.json.gz", "rank1.json.gz",
+                                                                        "summary.json"]
+    assert ddp_run[2].stdout.count("profile: 2 optimizer steps after 2 warm-up steps") == 1
 
 
 def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):

@@ -5,8 +5,8 @@ import ray
 import ray.train
 
 from common import build_model
-from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, final_json,
-                      latest_ray_checkpoint, load_weights, torchrun)
+from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, collectives_per_step,
+                      final_json, latest_ray_checkpoint, load_weights, profile_summary, torchrun)
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
@@ -27,6 +27,11 @@ def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
     checkpoint = latest_ray_checkpoint(storage)
     assert ray.train.Checkpoint(str(checkpoint)).get_metadata() == {"model_preset": "tiny", "epoch": 2}
     build_model("tiny").load_state_dict(load_weights(checkpoint))
+
+
+def test_ray_ddp_all_reduces_as_torchrun_ddp_does(ray_run, ddp_run):
+    """The same buckets, each all-reduced once per optimizer step of 2 micro-batches, on every Ray worker."""
+    assert collectives_per_step(profile_summary(ray_run[1])) == collectives_per_step(profile_summary(ddp_run[1]))
 
 
 def test_ray_ddp_equals_torchrun_ddp(ray_run, ddp_run):

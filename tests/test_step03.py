@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (ACCUMULATE, SMOKE, assert_same_weights, assert_sane_summary, final_json, latest_ray_checkpoint,
-                      load_weights, ray_script)
+from conftest import (ACCUMULATE, PROFILE, SMOKE, assert_same_weights, assert_sane_summary, collectives_per_step,
+                      final_json, latest_ray_checkpoint, load_weights, profile_summary, ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
@@ -16,7 +16,8 @@ def fsdp1_run(ray_cluster, tmp_path_factory):
     full-state checkpoint back into the sharded model. One Ray run checks both the sharding and the restart: had
     the restart lost any state, the run would not end with DDP's weights."""
     storage = tmp_path_factory.mktemp("fsdp1")
-    result = ray_script(RAY_FSDP, ray_cluster, storage, *ACCUMULATE, "--fail-at-epoch", "1", "--max-failures", "1")
+    result = ray_script(RAY_FSDP, ray_cluster, storage, *ACCUMULATE, *PROFILE, "--fail-at-epoch", "1",
+                        "--max-failures", "1")
     return final_json(result), storage, result
 
 
@@ -70,3 +71,11 @@ def test_one_worker_is_refused_in_one_line(tmp_path, run_main):
     assert run_main(RAY_FSDP, *SMOKE, "--num-workers", "1", "--checkpoint-dir", str(tmp_path)) == (
         2, ["error: --num-workers 1 is too few: sharding needs 2 or more workers (with one GPU: --num-workers 2 "
             "--no-gpu shards over CPU workers)"])
+
+
+def test_fsdp1_gathers_each_unit_and_reduce_scatters_once_per_optimizer_step(fsdp1_run):
+    """The profiler's count, per rank and optimizer step of 2 micro-batches: all-gathers of the units' weights, and
+    one reduce-scatter per unit (6 blocks and the root), not one per micro-batch: no_sync() skipped the first."""
+    units = len(build_model("tiny").encoder.layers) + 1
+    for calls in collectives_per_step(profile_summary(fsdp1_run[1])):
+        assert calls["reduce_scatter"] == units and calls["all_gather"] > 0 and "all_reduce" not in calls

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 from common import build_model, evaluate, load_data, make_optimizer, normalize
-from conftest import (ROUNDING, RAY_FSDP2, assert_same_weights, assert_sane_summary, latest_ray_checkpoint,
-                      load_script, load_weights, ray_checkpoints)
+from conftest import (ROUNDING, RAY_FSDP2, assert_same_weights, assert_sane_summary, collectives_per_step,
+                      latest_ray_checkpoint, load_script, load_weights, profile_summary, ray_checkpoints)
 
 
 def exported_model(storage) -> torch.nn.Module:
@@ -31,6 +31,17 @@ def test_fsdp2_trains_and_holds_half_the_state_per_rank(fsdp2_run):
     # One mechanism: each rank's DCP shard, DCP's index, Ray's metadata, and the final full-model export.
     assert {p.name for p in checkpoint.iterdir()} == {"__0_0.distcp", "__1_0.distcp", ".metadata", ".metadata.json",
                                                       "model.pt"}
+
+
+def test_fsdp2_gathers_per_micro_batch_and_reduce_scatters_per_optimizer_step(fsdp2_run):
+    """The profiler's count, per rank and optimizer step of 2 micro-batches: each unit (6 blocks, the root) is
+    gathered in every forward and backward, so as often in each micro-batch, and reduce-scatters its gradients once:
+    set_requires_gradient_sync(False) skipped the first micro-batch's."""
+    units = len(build_model("tiny").encoder.layers) + 1
+    counts = collectives_per_step(profile_summary(fsdp2_run[1]))
+    assert len(counts) == 2
+    for calls in counts:
+        assert calls["reduce_scatter"] == units and calls["all_gather"] % 2 == 0 and calls["all_gather"] > units
 
 
 def test_fsdp2_equals_ddp_with_the_same_seed_and_global_batch(fsdp2_run, ray_run):
