@@ -4,7 +4,6 @@ The first run downloads CIFAR-10 with torchvision and writes a cache of two .npz
 data dir; every later run (and every worker) loads that cache in well under a second. A data dir
 that already holds the cache never touches the network.
 """
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
 from .errors import fail
 
@@ -67,8 +67,7 @@ def load_cifar10_cache(directory: Path):
     """Read the cache, downloading first if it is missing. One process downloads, the others wait."""
     if not cache_exists(directory):
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / ".download.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # blocks until the downloading process is done
+        with FileLock(directory / ".download.lock"):  # waits for the process that downloads
             if not cache_exists(directory):
                 download_cifar10(directory)
     return read_split(directory, "train"), read_split(directory, "test")

@@ -3,6 +3,7 @@ checkpoint files. Each step's training loop stays in its own script."""
 import math
 import os
 import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -76,7 +77,12 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / maxrss_units_per_mb(sys.platform)
+
+
+def maxrss_units_per_mb(platform: str) -> int:
+    """ru_maxrss is in kilobytes on Linux, in bytes on macOS."""
+    return 2**20 if platform == "darwin" else 1024
 
 
 def state_memory_mb(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -2,13 +2,14 @@
 import multiprocessing
 import time
 import urllib.error
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
-from common import augment_batch, build_model, evaluate, load_data, normalize, predict
+from common import augment_batch, build_model, evaluate, load_data, normalize, peak_memory_mb, predict
 from common.data import CROP_PADDING
 from common import data as data_module
 
@@ -202,3 +203,13 @@ def test_evaluation_scores_the_mean_prediction_of_each_image_and_its_mirror():
     assert torch.allclose(probabilities, of_mirror_with_its_mirror)  # so an image and its mirror score alike
     correct, counted = evaluate(model, images, labels, torch.device("cpu")).tolist()
     assert (correct, counted) == ((probabilities.argmax(1) == labels).sum().item(), 64)
+
+
+def test_peak_memory_is_megabytes_on_linux_and_on_macos():
+    """ru_maxrss counts kilobytes on Linux and bytes on macOS: the same peak must read the same megabytes."""
+    from common.training import maxrss_units_per_mb
+
+    assert 5 * 2**20 / maxrss_units_per_mb("darwin") == 5 * 1024 / maxrss_units_per_mb("linux") == 5
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    peak_kb = int(status["VmHWM"].split()[0])
+    assert peak_memory_mb(torch.device("cpu")) == pytest.approx(peak_kb / 1024, rel=0.05)

@@ -109,3 +109,27 @@ def test_under_torchrun_only_rank_0_prints_the_error(run_main, monkeypatch):
     assert run_main(SCRIPTS[1], "--batch-size", "33") == (
         2, ["error: --batch-size 33 does not split evenly over 2 processes; use a multiple of 2"])
     assert waits == [errors.FIRST_PROCESS_GRACE_S]  # rank 0 speaks at once
+
+
+def test_more_torchrun_processes_than_gpus_is_one_line_that_names_the_right_count(run_main, monkeypatch):
+    """On a machine with one GPU, rank 1 would ask CUDA for a second GPU and fail with a CUDA error."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert run_main(SCRIPTS[1], "--epochs", "1") == (
+        2, ["error: --nproc_per_node 2 is more than this node's 1 GPU(s), one process each; use --nproc_per_node 1"])
+
+
+@pytest.mark.parametrize("script, flags", [(SCRIPTS[2], []), (SCRIPTS[4], ["--num-workers", "2"])])
+def test_a_gpu_shortfall_names_no_gpu_as_a_way_out(script, flags, run_main, monkeypatch):
+    """One GPU and 2 workers: the message offers CPU workers too (step 03 cannot take fewer than 2 workers)."""
+    import ray
+
+    from common import ray_setup
+
+    monkeypatch.setattr(ray, "init", lambda **options: None)
+    monkeypatch.setattr(ray_setup.ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 1.0})
+    code, stderr = run_main(script, "--data", "synthetic", *flags)
+    assert code == "error: --num-workers 2 needs 2 GPUs, the cluster has 1; use --num-workers 1 or fewer, or " \
+                   "--no-gpu to train on CPUs" and stderr == []
