@@ -127,6 +127,6 @@ def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_p
 
 def test_a_single_run_gets_no_comparisons_heading():
     compare_steps = load_script("benchmarks/compare_steps.py")
-    results = json.loads((ROOT / "benchmarks/published/hybrid-speed/results.json").read_text())
+    results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
     table = compare_steps.results_markdown(results)
     assert "| single_machine | 1 | 42.85% |" in table and "Comparisons" not in table

@@ -1,4 +1,4 @@
-"""The memory lesson, from a results.json of `compare_steps.py --only memory`: DDP vs FSDP2 on one machine.
+"""The memory lesson, from the memory section of a compare_steps.py results.json: DDP vs FSDP2 on one machine.
 
 Each bar is what all ranks hold together in the machine's RAM, one block per rank (parameters, gradients,
 AdamW state); a run that was skipped or failed is drawn hatched at what it would need, from the exact
@@ -18,7 +18,7 @@ from style import CRASH, GRADS, INK, OPTIM, STORAGE, WEIGHTS, plt, save
 
 HERE = Path(__file__).parent
 results = Path(sys.argv[1]) if len(sys.argv) > 1 else \
-    HERE.parent.parent / "benchmarks/published/memory-giant/results.json"
+    HERE.parent.parent / "benchmarks/published/steps/results.json"
 out = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "memory.png"
 doc = json.loads(results.read_text())
 runs = [r for r in doc["runs"] if r["section"] == "memory" and not r["flags"]]

@@ -43,7 +43,7 @@ def render_dot(src):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", help="results.json for memory.py (default: "
-                        "benchmarks/published/memory-giant/results.json)")
+                        "benchmarks/published/steps/results.json)")
     args = parser.parse_args()
     for src in sorted(HERE.glob("*.dot")):
         print(render_dot(src))
