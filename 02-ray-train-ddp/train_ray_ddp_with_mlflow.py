@@ -1,0 +1,241 @@
+"""Step 02, tracked: train_ray_ddp.py with every run's flags, curves and model in MLflow.
+
+    python 02-ray-train-ddp/train_ray_ddp_with_mlflow.py --num-workers 2 --epochs 1
+
+The lesson, and what to diff this file against: README.md in this folder.
+"""
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import common
+from common import build_model, count_params, load_data, make_parser
+from common import augment_batch, evaluate, make_optimizer, make_scheduler
+from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import load_checkpoint, save_checkpoint
+from common.errors import first_process
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.profiling import StepProfiler
+from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
+from common.tracking import add_tracking_flag, find_or_create_run, logged_epochs, tracker_flags
+
+STEP = "ray_ddp"
+
+
+def main():
+    parser = add_ray_flags(make_parser(__doc__, STEP), local_mode=True)
+    args = add_tracking_flag(parser).parse_args()  # --tracking-uri: MLflow's store
+    load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
+    name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
+    if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
+        # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
+        # import common/ from the copy that the job's runtime_env ships them.
+        ray.init(address=args.address, **init_options(args.address),
+                 runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+    use_gpu = check_cluster_and_choose_gpu(args)
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config=vars(args),
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
+        run_config=RunConfig(
+            name=name, storage_path=args.checkpoint_dir,  # a folder, or a URI such as s3://...
+            failure_config=FailureConfig(max_failures=args.max_failures),
+            logging_config=LoggingConfig(log_level="WARNING"),  # Ray Train's INFO lines: off
+            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_order="max",
+                                               checkpoint_score_attribute="test_accuracy")))
+    result = trainer.fit()
+    if not first_process():
+        return  # local mode under torchrun: every process ran all of main(); rank 0 reports
+    if result.best_checkpoints:  # local mode keeps none
+        best_checkpoint, best_metrics = result.best_checkpoints[-1]
+        print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
+              f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+    print(f"tracked: MLflow run {name} (experiment {STEP}); to see it: "
+          f"mlflow ui --backend-store-uri {args.tracking_uri}")
+    print(memory_table(result.metrics["summary"]["memory_per_rank"]))
+    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
+
+
+def train_func(config):
+    """Runs in every worker. Ray has already started the process group and chosen the device."""
+    quiet_report_logs()
+    args = argparse.Namespace(**config)
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    master_process = rank == 0  # prints, and writes the checkpoint for everyone
+    train(args, rank, world_size, master_process, ray.train.torch.get_device())
+
+
+def train(args, rank, world_size, master_process, device):
+    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
+    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
+    startup = dict(launcher=time.time())
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
+    micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
+    # Sample ids travel with each batch: augment_batch derives its randomness from them.
+    sample_ids = torch.arange(len(data.train_labels))
+    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    # prepare_data_loader moves every batch to this worker's device. Given a loader without a
+    # DistributedSampler it would add one, but seeded with 0 whatever --seed says, padded with
+    # repeated images, and only with more than one worker: we hand it ours, which it keeps.
+    train_loader = ray.train.torch.prepare_data_loader(train_loader)
+    full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
+    steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
+    micro_steps = steps_per_epoch * args.grad_accum_steps
+    startup["data"] = time.time()
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.model)
+    params = count_params(model)
+    # Moves the model to this worker's device and wraps it in DDP (only if there are 2+ workers).
+    model = ray.train.torch.prepare_model(model)
+    raw_model = getattr(model, "module", model)
+    optimizer = make_optimizer(model, args, device)
+    scheduler = make_scheduler(optimizer, args, steps_per_epoch)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    nodes = gather_from_ranks(this_node())
+    if master_process:
+        print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
+              f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
+              f"{micro_batch} x {args.grad_accum_steps} images per step each")
+
+    start_epoch, history = 0, []
+    # A checkpoint is there after Ray restarted a failed worker group, or when a run is resumed.
+    if checkpoint := ray.train.get_checkpoint():
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args)
+        raw_model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch, history = state["epoch"] + 1, state["history"]
+        if master_process:
+            print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
+
+    startup["model"] = time.time()
+    # --profile-steps: per-rank traces, beside the run's checkpoints
+    run_folder = Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
+    profiler = StepProfiler(args, rank, run_folder)
+    if master_process:  # the tracker: rank 0 alone logs, once for all ranks
+        mlflow.set_tracking_uri(args.tracking_uri)
+        # One MLflow run per Ray run, found by a tag holding the Ray run's name: a restarted worker
+        # group, or --resume, continues it instead of opening a second one.
+        tracked = find_or_create_run(STEP, ray.train.get_context().get_experiment_name())
+        mlflow.start_run(run_id=tracked.info.run_id)
+        # A parameter cannot change value: a restart or --resume adds only those not there yet.
+        mlflow.log_params({name: value for name, value in tracker_flags(args).items()
+                           if name not in tracked.data.params})
+        logged = logged_epochs(tracked)  # the epochs it holds; a restored history may hold more
+        log_epochs(history, logged)
+    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    for epoch in range(start_epoch, args.epochs):
+        # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
+        sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        batches = itertools.islice(train_loader, micro_steps)
+        progress = progress_bar(batches, micro_steps, f"epoch {epoch + 1}", show=master_process)
+        for i, (images, labels, ids) in enumerate(progress):
+            if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
+                optimizer.zero_grad(set_to_none=True)
+            last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+            images = augment_batch(images, ids, epoch, args.seed)  # on the device: Ray moved them
+            # DDP all-reduces the gradients in every backward: until the last micro-batch, skip it.
+            # (With one worker prepare_model does not wrap the model: nothing to skip.)
+            no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+            with contextlib.nullcontext() if last_micro_batch else no_sync():
+                with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                    # Each micro-batch's share of the mean loss over the whole batch.
+                    loss = criterion(model(images), labels) / args.grad_accum_steps
+                loss.backward()  # adds this micro-batch's gradients to those before it
+            loss_sum += loss.detach()
+            if not last_micro_batch:
+                continue
+            optimizer.step()
+            profiler.step()
+            scheduler.step()
+            time_to_first_step = time_to_first_step or time.time() - args.launched
+        dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
+        train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
+        epoch_seconds = time.perf_counter() - epoch_start
+        train_seconds += epoch_seconds
+        images_trained += steps_per_epoch * args.batch_size
+        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
+
+        tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
+        correct, counted = tally.tolist()
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
+                            epoch_time_s=epoch_seconds, world_size=world_size,
+                            images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
+        if master_process:
+            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
+                             history[-1]["images_per_s"], peak_memory_mb(device)))
+        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
+        # The run so far, as the last line of output will report it.
+        summary = dict(
+            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
+            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
+            test_accuracy=history[-1]["test_accuracy"],
+            images_per_s=images_trained / train_seconds if train_seconds else None,
+            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
+            startup_s={phase: t - args.launched for phase, t in startup.items()},
+            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+        with tempfile.TemporaryDirectory() as checkpoint_dir:
+            checkpoint = None
+            if master_process:
+                save_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", dict(
+                    model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                    scheduler=scheduler.state_dict(), epoch=epoch, history=history,
+                    model_preset=args.model))
+                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
+                checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
+            # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
+            # to storage. A barrier: every rank must call report, and equally often.
+            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+        if master_process:  # after Ray has the epoch: if this worker dies first, a restart logs it
+            log_epochs(history, logged)
+        if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
+            # Ray's controller registers a reported checkpoint when it next polls the workers:
+            # crash well after that, or Ray restarts from the checkpoint before.
+            time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
+            os._exit(1)  # a hard crash, not an exception: Ray restarts the group from there
+    if master_process:  # the final model, which common.build_model(preset) loads
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(raw_model.state_dict(), Path(folder) / "model.pt")
+            mlflow.log_artifact(str(Path(folder) / "model.pt"))
+        mlflow.end_run()  # the run: FINISHED
+
+
+def log_epochs(history, logged):
+    """Logs each epoch of the history that the tracker run lacks, at step=epoch, and adds it to
+    logged: every epoch once, whatever restarts (README.md in this folder: Tracking experiments)."""
+    for h in history:
+        if h["epoch"] not in logged:
+            metrics = {name: value for name, value in h.items() if name != "epoch"}
+            mlflow.log_metrics(metrics, step=h["epoch"])  # one transaction: the whole epoch or none
+            logged.add(h["epoch"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Step 02's tracked variant (02-ray-train-ddp/train_ray_ddp_with_mlflow.py): one MLflow run per Ray run, across a
+worker-group restart and --resume, every epoch logged once with the values of the run's history, the flags as
+parameters, the final model as an artifact; and MLflow's UI showing the run (benchmarks/tracking_ui.py)."""
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import build_model
+from common.flags import Parser
+from conftest import (SMOKE, assert_same_weights, final_json, latest_ray_checkpoint, load_script, load_weights, python,
+                      ray_script)
+
+VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
+EXPERIMENT = "ray_ddp"  # the variant's STEP
+# As the step 02 smoke run (conftest's ray_run): the last worker crashes after epoch 1, Ray restarts the group.
+CRASH = ["--fail-at-epoch", "1", "--max-failures", "1"]
+RUN_TIMEOUT = 480  # s, for one Ray run: importing mlflow in the driver and the workers, on a busy 2-core machine
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for this module: MLflow creates its tables once, which takes seconds."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def tracked_run(ray_cluster, store, tmp_path_factory):
+    """One tracked run on the test cluster, with the crash and restart of the step 02 smoke run, and what the
+    store held of it right after (the resume test adds to the store)."""
+    storage = tmp_path_factory.mktemp("ray_ddp_mlflow")
+    argv = [*CRASH, "--tracking-uri", store]
+    result = ray_script(VARIANT, ray_cluster, storage, *argv, timeout=RUN_TIMEOUT)
+    flags = parsed_flags(*SMOKE, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
+                         *argv)  # what ray_script passed
+    return dict(summary=final_json(result), stdout=result.stdout, storage=storage, flags=flags,
+                ray_run=ray_run_name(storage), tracker=tracker_runs(store))
+
+
+def ray_run_name(storage: Path) -> str:
+    (run,) = [p.name for p in storage.iterdir() if p.is_dir()]
+    return run
+
+
+def tracker_runs(uri: str) -> list[dict]:
+    """Every MLflow run of the step's experiment: its tag, name, status, parameters, each metric's history as
+    [(step, value)] in logging order, and its model.pt artifact."""
+    from mlflow import MlflowClient
+
+    from common.tracking import RAY_RUN_TAG
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    runs = []
+    for run in client.search_runs([experiment.experiment_id]):
+        with tempfile.TemporaryDirectory() as folder:
+            model = torch.load(client.download_artifacts(run.info.run_id, "model.pt", folder), weights_only=True)
+        runs.append(dict(id=run.info.run_id, name=run.info.run_name, ray_run=run.data.tags.get(RAY_RUN_TAG),
+                         status=run.info.status, params=run.data.params, model=model,
+                         metrics={key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+                                  for key in run.data.metrics}))
+    return runs
+
+
+class Parsed(Exception):
+    """Raised instead of running the script, once its parser has parsed and checked the flags."""
+
+
+def parsed_flags(*argv) -> dict:
+    """The flags that the variant's main() parses from this command line, as MLflow stores parameters (strings),
+    without the launch time (not a flag)."""
+    parse_args = Parser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise Parsed(parse_args(self, args, namespace))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [VARIANT, *argv])
+        patch.setattr(Parser, "parse_args", parse_then_stop)
+        with pytest.raises(Parsed) as parsed:
+            load_script(VARIANT).main()
+    return {name: str(value) for name, value in vars(parsed.value.args[0]).items() if name != "launched"}
+
+
+def history_as_logged(history: list[dict]) -> dict:
+    """A run's history (its final JSON's) as the tracker must hold it: each metric at step=epoch, once."""
+    return {key: [(h["epoch"], h[key]) for h in history] for key in history[0] if key != "epoch"}
+
+
+def test_a_restart_logs_only_the_epochs_the_tracker_lacks(store):
+    """The windows around a crash, without Ray: the restarted rank 0 finds the same run by its tag, logs the epochs
+    of the restored history that the tracker lacks (the crash came after a checkpoint, before its log), and skips
+    an epoch that it retrains but had logged already (the crash came after the log, before Ray had the
+    checkpoint): each epoch once, the first values kept."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from common.tracking import find_or_create_run, logged_epochs
+
+    variant, previous = load_script(VARIANT), mlflow.get_tracking_uri()
+    history = [dict(epoch=e, train_loss=1 / e, test_accuracy=e / 10) for e in (1, 2, 3)]
+    mlflow.set_tracking_uri(store)
+    try:
+        first = find_or_create_run("restarts", "ray_ddp-crashed")
+        with mlflow.start_run(run_id=first.info.run_id):
+            variant.log_epochs(history[:1], logged_epochs(first))  # then the crash, after epoch 2's checkpoint
+        again = find_or_create_run("restarts", "ray_ddp-crashed")
+        assert again.info.run_id == first.info.run_id and logged_epochs(again) == {1}
+        with mlflow.start_run(run_id=again.info.run_id):
+            logged = logged_epochs(again)
+            variant.log_epochs(history[:2], logged)  # the restored history: epoch 2 is logged now
+            variant.log_epochs(history, logged)  # epoch 3, trained after the restart
+        retrained = [*history[:2], dict(history[2], test_accuracy=0.99)]  # had Ray not kept epoch 3's checkpoint
+        with mlflow.start_run(run_id=first.info.run_id):
+            variant.log_epochs(retrained, logged_epochs(first))
+        assert find_or_create_run("restarts", "ray_ddp-other").info.run_id != first.info.run_id
+    finally:
+        mlflow.set_tracking_uri(previous)
+    client = MlflowClient(store)
+    for key, logged in history_as_logged(history).items():
+        assert [(m.step, m.value) for m in client.get_metric_history(first.info.run_id, key)] == logged
+
+
+@pytest.mark.timeout(600)
+def test_one_tracker_run_across_a_worker_group_restart(tracked_run):
+    """One MLflow run for the Ray run, though its worker group crashed and restarted: every epoch logged once,
+    with the history's values, the flags as parameters, and the final model, which loads into a plain model."""
+    summary, runs = tracked_run["summary"], tracked_run["tracker"]
+    assert "resumed from" in tracked_run["stdout"]  # the crash and restart did happen
+    assert [run["ray_run"] for run in runs] == [tracked_run["ray_run"]]
+    (run,) = runs
+    assert run["name"] == tracked_run["ray_run"] and run["status"] == "FINISHED"
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert run["metrics"] == history_as_logged(summary["history"])
+    assert run["params"] == tracked_run["flags"]
+    assert run["params"]["fail_at_epoch"] == "1" and run["params"]["model"] == "tiny"
+    build_model("tiny").load_state_dict(run["model"])
+    assert_same_weights(run["model"], load_weights(latest_ray_checkpoint(tracked_run["storage"])))
+
+
+@pytest.mark.timeout(600)
+def test_resume_continues_the_same_tracker_run(tracked_run, ray_cluster, store):
+    """--resume (with a larger --epochs) goes on in the same MLflow run: the new epoch is added once, the earlier
+    ones stay as they were, the parameters stay the first launch's (MLflow refuses to change one), and the model
+    artifact becomes the resumed run's final model."""
+    before = tracked_run["tracker"][0]
+    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], "--tracking-uri", store, "--resume",
+                        "--epochs", "3", timeout=RUN_TIMEOUT)
+    summary = final_json(result)
+    (run,) = tracker_runs(store)
+    assert run["id"] == before["id"] and run["status"] == "FINISHED"
+    assert [h["epoch"] for h in summary["history"]] == [1, 2, 3]
+    assert run["metrics"] == history_as_logged(summary["history"])
+    assert all(run["metrics"][key][:2] == logged for key, logged in before["metrics"].items())
+    assert run["params"] == before["params"] and run["params"]["epochs"] == "2"
+    assert_same_weights(run["model"], load_weights(latest_ray_checkpoint(tracked_run["storage"])))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
+@pytest.mark.timeout(600)
+def test_mlflow_ui_shows_the_run(tracked_run, store, tmp_path):
+    """`mlflow ui` on the store, in headless Chromium: the run's name, every parameter, the last test accuracy, and
+    the test accuracy chart with a point per epoch (benchmarks/tracking_ui.py checks them), and a screenshot."""
+    result = python("benchmarks/tracking_ui.py", "--tracking-uri", store, "--run", tracked_run["ray_run"],
+                    "--out", str(tmp_path), "--chromium", CHROMIUM, timeout=540)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert (tmp_path / "screenshot.png").read_bytes().startswith(b"\x89PNG")
+    assert "all of them shown" in (tmp_path / "results.md").read_text()
