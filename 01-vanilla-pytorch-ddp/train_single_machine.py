@@ -107,7 +107,7 @@ def train(args, rank, world_size, master_process, device):
 
         correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds,
+                            epoch_time_s=epoch_seconds, world_size=world_size,
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,

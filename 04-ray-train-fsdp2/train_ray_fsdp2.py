@@ -2,6 +2,7 @@
 
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 1
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --model giant --mixed-precision --cpu-offload
+    python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 1-4  # elastic: 1 to 4 workers
 
 The lesson, and what to diff this file against: README.md in this folder.
 """
@@ -39,12 +40,14 @@ from common.model import TRANSFORMER_BLOCK
 from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
 from common.profiling import StepProfiler
 from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
+from common.ray_setup import RESIZE_CHECK_INTERVAL_S
 
 STEP = "ray_fsdp2"
 
 
 def main():
-    args = add_fsdp2_flags(add_ray_flags(make_parser(__doc__, STEP), local_mode=True)).parse_args()
+    parser = add_ray_flags(make_parser(__doc__, STEP), local_mode=True, elastic=True)
+    args = add_fsdp2_flags(parser).parse_args()
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
     name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
     if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
@@ -56,7 +59,10 @@ def main():
     trainer = TorchTrainer(
         train_func,
         train_loop_config=vars(args),
-        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
+        # --num-workers 1-4 is (1, 4): elastic. Ray resizes the group to what the cluster holds
+        # (it looks every RESIZE_CHECK_INTERVAL_S), each time a restart from the last checkpoint.
+        scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
+                                     elastic_resize_monitor_interval_s=RESIZE_CHECK_INTERVAL_S),
         run_config=RunConfig(
             name=name, storage_path=args.checkpoint_dir,  # a folder, or a URI such as s3://...
             failure_config=FailureConfig(max_failures=args.max_failures),
@@ -95,6 +101,8 @@ def train(args, rank, world_size, master_process, device):
     sample_ids = torch.arange(len(data.train_labels))
     train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
+    # The seed and the epoch fix the order, so each step's global batch is the same at any size:
+    # a run resized from a checkpoint (elastic) trains what a fixed-size run does, up to rounding.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
@@ -122,7 +130,7 @@ def train(args, rank, world_size, master_process, device):
               f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted a failed worker group, or when a run is resumed.
+    # A checkpoint is there after Ray restarted a failed or resized worker group, or on --resume.
     if checkpoint := ray.train.get_checkpoint():
         state = AppState(model, optimizer, scheduler)
         with checkpoint.as_directory() as checkpoint_dir:
@@ -173,7 +181,7 @@ def train(args, rank, world_size, master_process, device):
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
         correct, counted = tally.tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
-                            epoch_time_s=epoch_seconds,
+                            epoch_time_s=epoch_seconds, world_size=world_size,
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,

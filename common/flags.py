@@ -40,7 +40,8 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
     def reject(self, args, flag: str, rule: str):
-        self.error(f"{flag} {flag_value(args, flag)} {rule}")
+        value = flag_value(args, flag)
+        self.error(f"{flag} {'-'.join(map(str, value)) if isinstance(value, tuple) else value} {rule}")
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
@@ -99,7 +100,15 @@ def check_flags(parser: Parser, args) -> None:
         parser.reject(args, flag, rule)
 
     check_data_flags(parser, args)
+    workers = flag_value(args, "--num-workers")  # Ray's: a number, or (MIN, MAX) in step 04 (elastic)
+    if isinstance(workers, tuple):
+        if workers[0] < 1:
+            bad("--num-workers", "must start at 1 or more (0 is local mode, not part of a range)")
+        if workers[0] > workers[1]:
+            bad("--num-workers", f"must name the smaller number first: {workers[1]}-{workers[0]}")
     for flag in ("--epochs", "--batch-size", "--grad-accum-steps", "--steps-per-epoch", "--num-workers"):
+        if isinstance(flag_value(args, flag), tuple):  # a range, checked above
+            continue
         if flag_value(args, flag) == 0 and flag == "--num-workers" and parser.local_mode:
             continue
         if flag_value(args, flag) is not None and flag_value(args, flag) < 1:
@@ -121,14 +130,19 @@ def check_flags(parser: Parser, args) -> None:
         bad("--warmup-epochs", f"is longer than --epochs {args.epochs}; use at most {args.epochs}")
     if args.fail_at_epoch is not None and not 1 <= args.fail_at_epoch <= args.epochs:
         bad("--fail-at-epoch", f"must be between 1 and --epochs {args.epochs}")
-    world_size = flag_value(args, "--num-workers") or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
+    world_size = workers or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
     check_gpus_per_node(parser)
-    if args.batch_size % world_size:
-        bad("--batch-size", f"does not split evenly over {world_size} processes; use a multiple of {world_size}")
-    if args.batch_size % (world_size * args.grad_accum_steps):
-        splits = world_size * args.grad_accum_steps
-        bad("--batch-size", f"does not split evenly over {world_size} process(es) x --grad-accum-steps "
-                            f"{args.grad_accum_steps}; use a multiple of {splits}")
+    # The global batch stays the same whatever the number of processes: an elastic run may train at any size of
+    # its range, and each process's share must be whole at every one of them.
+    sizes = range(world_size[0], world_size[1] + 1) if isinstance(world_size, tuple) else [world_size]
+    every = math.lcm(*sizes)  # a batch that splits over every size
+    of_range = f", one of the sizes of --num-workers {world_size[0]}-{world_size[1]}" if len(sizes) > 1 else ""
+    for size in sizes:
+        if args.batch_size % size:
+            bad("--batch-size", f"does not split evenly over {size} processes{of_range}; use a multiple of {every}")
+        if args.batch_size % (size * args.grad_accum_steps):
+            bad("--batch-size", f"does not split evenly over {size} process(es) x --grad-accum-steps "
+                                f"{args.grad_accum_steps}{of_range}; use a multiple of {every * args.grad_accum_steps}")
     if args.batch_size > TRAIN_SIZES[args.data]:
         bad("--batch-size", f"is larger than the {TRAIN_SIZES[args.data]:,} training images; use at most that")
     if "://" not in args.checkpoint_dir:  # a local path (Ray also takes URIs such as s3://bucket/runs)

@@ -1,8 +1,10 @@
 """Plumbing shared by the Ray steps (02-06): Ray's console noise turned down, one-line errors when the
 cluster can never run the job, runs named so that --resume finds the last one, Ray Train's local mode,
 and a progress bar from a worker."""
+import argparse
 import logging
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -17,18 +19,39 @@ from .flags import flag_value
 from .training import check_compatible
 
 POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see init_options)
+# An elastic run (--num-workers MIN-MAX) asks this often whether the cluster now holds more or fewer workers:
+# ScalingConfig(elastic_resize_monitor_interval_s), 60 s by default as in Ray. Ray reads no variable for it: the
+# step reads this one, which the tests shorten.
+RESIZE_CHECK_INTERVAL_S = float(os.environ.get("RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S", "60"))
+# How long Ray Train waits for a worker group's resources before it tries again (Ray's default: 60 s). After a node
+# is lost, an elastic run first retries at the size it last saw, which no longer fits: it waits this long.
+ELASTIC_START_TIMEOUT_S = 10
 
 
-def add_ray_flags(parser, local_mode: bool = False):
+def add_ray_flags(parser, local_mode: bool = False, elastic: bool = False):
     """The Ray steps' own flags, added to make_parser's; returns the parser. local_mode: the step also
-    takes --num-workers 0, Ray Train's local mode (the training function runs in this process)."""
-    parser.add_argument("--num-workers", type=int, default=2,
+    takes --num-workers 0, Ray Train's local mode (the training function runs in this process). elastic: it also
+    takes --num-workers MIN-MAX, which becomes Ray's ScalingConfig(num_workers=(MIN, MAX)) (step 04)."""
+    parser.add_argument("--num-workers", type=worker_count if elastic else int, default=2,
                         help="training processes, one GPU each with --use-gpu"
-                             + ("; 0: Ray Train's local mode, no Ray (debugging)" if local_mode else ""))
+                             + ("; 0: Ray Train's local mode, no Ray (debugging)" if local_mode else "")
+                             + ("; MIN-MAX: elastic, as many as the cluster holds (e.g. 1-4)" if elastic else ""))
     parser.local_mode = local_mode
     add_cluster_flags(parser)
     parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
     return parser
+
+
+def worker_count(text: str):
+    """--num-workers N, an int, or MIN-MAX, Ray's (min, max) tuple for an elastic run (N-N is N), checked with
+    the other flags (check_flags)."""
+    if bounds := re.fullmatch(r"(\d+)-(\d+)", text.strip()):
+        low, high = int(bounds[1]), int(bounds[2])
+        return low if low == high else (low, high)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers; use N, or MIN-MAX (elastic)")
 
 
 def add_cluster_flags(parser) -> None:
@@ -99,20 +122,26 @@ def check_reachable(address: str) -> None:
 
 def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
     """Whether the workers (or step 06's actors: flag="--actors") use GPUs (--use-gpu, --no-gpu, else: if the
-    cluster has any), after checking that the cluster can ever hold them: Ray would wait for them forever."""
+    cluster has any), after checking that the cluster can ever hold them (an elastic range: its MIN): Ray would
+    wait for them forever."""
     count = flag_value(args, flag)
     if count == 0:
         return prepare_local_mode(args)
+    request, use = f"{flag} {count}", f"{flag} "
+    if isinstance(count, tuple):  # --num-workers MIN-MAX, elastic: the run starts as soon as MIN workers fit
+        request, use, count = f"{flag} {count[0]}-{count[1]}", "a MIN of ", count[0]
+        # After a node is lost, Ray first retries the group at the size it last saw: wait less than a minute.
+        os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(ELASTIC_START_TIMEOUT_S))
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     use_gpu = gpus > 0 if args.use_gpu is None else args.use_gpu
     if use_gpu and gpus == 0:
         raise fail("--use-gpu but this Ray cluster has no GPUs; drop --use-gpu to run on CPUs")
     if use_gpu and count > gpus:
-        raise fail(f"{flag} {count} needs {count} GPUs, the cluster has {gpus}; use {flag} {gpus} or fewer, "
+        raise fail(f"{request} needs {count} GPUs, the cluster has {gpus}; use {use}{gpus} or fewer, "
                    f"or --no-gpu to train on CPUs")
     if count > cpus:
-        raise fail(f"{flag} {count} needs {count} CPUs, the cluster has {cpus}; use {flag} {cpus} or fewer")
+        raise fail(f"{request} needs {count} CPUs, the cluster has {cpus}; use {use}{cpus} or fewer")
     return use_gpu
 
 

@@ -118,8 +118,12 @@ def memory_table(memory_per_rank: list) -> str:
 
 def epoch_line(epoch: int, epochs: int, train_loss: float, accuracy: float, seconds: float,
                images_per_s: float, peak_mb: float) -> str:
-    return (f"epoch {epoch + 1}/{epochs} | train loss {train_loss:.4f} | test acc {accuracy:.2%} | "
-            f"{seconds:.1f} s | {images_per_s:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
+    """One epoch, as rank 0 prints it, with how many processes trained it: the process group's size (torchrun's
+    processes or Ray's workers), which an elastic run (step 04, --num-workers MIN-MAX) changes as it resizes."""
+    processes = dist.get_world_size() if dist.is_initialized() else 1
+    noun = "process" if processes == 1 else "processes"
+    return (f"epoch {epoch + 1}/{epochs} | {processes} {noun} | train loss {train_loss:.4f} | "
+            f"test acc {accuracy:.2%} | {seconds:.1f} s | {images_per_s:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
 
 
 def save_checkpoint(path: Path, state: dict) -> None:

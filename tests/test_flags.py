@@ -3,6 +3,8 @@ with one line on stderr that names the flag, the value and the fix, and exit cod
 import pytest
 
 from common import errors
+from common import flags as flags_module
+from conftest import load_script
 
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
@@ -20,7 +22,12 @@ EVERY_STEP = [
     (["--lr", "nan"], "error: --lr nan must be a finite number"),
     (["--lr", "inf"], "error: --lr inf must be a finite number"),
     (["--weight-decay", "inf"], "error: --weight-decay inf must be a finite number"),
+    (["--weight-decay", "nan"], "error: --weight-decay nan must be a finite number"),
     (["--warmup-epochs", "nan"], "error: --warmup-epochs nan must be a finite number"),
+    (["--warmup-epochs", "-1"], "error: --warmup-epochs -1.0 must be 0 or more"),
+    (["--label-smoothing", "inf"], "error: --label-smoothing inf must be a finite number"),
+    (["--label-smoothing", "-0.1"],
+     "error: --label-smoothing -0.1 must be at least 0 and below 1 (the recipe's is 0.1)"),
     (["--grad-accum-steps", "0"], "error: --grad-accum-steps 0 must be at least 1"),
     (["--profile-steps", "-1"], "error: --profile-steps -1 must be 0 or more"),
     (["--steps-per-epoch", "6", "--profile-steps", "5"],
@@ -31,6 +38,7 @@ EVERY_STEP = [
     (["--label-smoothing", "1"], "error: --label-smoothing 1.0 must be at least 0 and below 1 (the recipe's is 0.1)"),
     (["--epochs", "2", "--warmup-epochs", "3"], "error: --warmup-epochs 3.0 is longer than --epochs 2; use at most 2"),
     (["--epochs", "2", "--fail-at-epoch", "3"], "error: --fail-at-epoch 3 must be between 1 and --epochs 2"),
+    (["--epochs", "2", "--fail-at-epoch", "0"], "error: --fail-at-epoch 0 must be between 1 and --epochs 2"),
     (["--data", "synthetic", "--eval-images", "5000"],
      "error: --eval-images 5000 is more than the 1,024 evaluation images of --data synthetic"),
     (["--data", "synthetic", "--batch-size", "8192"],
@@ -54,12 +62,29 @@ RAY_ONLY = [
     (["--num-workers", "3", "--batch-size", "32"],
      "error: --batch-size 32 does not split evenly over 3 processes; use a multiple of 3"),
 ]
+# Step 04's --num-workers MIN-MAX (elastic training): the global batch must split at every size in the range.
+ELASTIC = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+ELASTIC_ONLY = [
+    (["--batch-size", "32", "--num-workers", "1-3"], "error: --batch-size 32 does not split evenly over 3 processes, "
+     "one of the sizes of --num-workers 1-3; use a multiple of 6"),
+    (["--batch-size", "32", "--num-workers", "1-2", "--grad-accum-steps", "3"], "error: --batch-size 32 does not "
+     "split evenly over 1 process(es) x --grad-accum-steps 3, one of the sizes of --num-workers 1-2; use a multiple "
+     "of 6"),
+    (["--num-workers", "0-2"], "error: --num-workers 0-2 must start at 1 or more (0 is local mode, not part of a "
+     "range)"),
+    (["--num-workers", "2-1"], "error: --num-workers 2-1 must name the smaller number first: 1-2"),
+    (["--num-workers", "two"], "error: argument --num-workers: 'two' is not a number of workers; use N, or MIN-MAX "
+     "(elastic)"),
+]
+# The other Ray steps take one number, as before.
+NOT_ELASTIC = [(["--num-workers", "1-2"], "error: argument --num-workers: invalid int value: '1-2'")]
 # Step 05's own flags: a sweep never tunes on the test set.
 SWEEP_ONLY = [
     (["--data", "cifar10"], "error: --data cifar10 would tune on the test set, which would then no longer measure "
      "anything; tune on --data cifar10-val (the last 5,000 training images, held out)"),
     (["--num-samples", "0"], "error: --num-samples 0 must be at least 1"),
     (["--epochs", "2", "--grace-period", "3"], "error: --grace-period 3 must be between 1 and --epochs 2"),
+    (["--epochs", "2", "--grace-period", "0"], "error: --grace-period 0 must be between 1 and --epochs 2"),
     (["--checkpoint-dir", "s3://bucket/runs"], "error: --checkpoint-dir s3://bucket/runs must be a local or mounted "
      "folder: each trial notes its placement groups there for the sweep to read"),
 ]
@@ -84,6 +109,8 @@ CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
     (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY] + [
     (script, *case) for script in RAY_SCRIPTS if script not in LOCAL_MODE_SCRIPTS for case in NEED_RAY] + [
     (script, *case) for script in LOCAL_MODE_SCRIPTS for case in LOCAL_MODE] + [
+    (ELASTIC, *case) for case in ELASTIC_ONLY] + [
+    (script, *case) for script in RAY_SCRIPTS if script != ELASTIC for case in NOT_ELASTIC] + [
     ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY] + [
     (INFERENCE, ["--checkpoint", "nowhere", *flags], message) for flags, message in INFERENCE_CASES]
 
@@ -96,6 +123,34 @@ def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, m
     flags = [f.replace("{file}", str(file)) for f in flags]
     code, stderr = run_main(script, *flags)
     assert (code, stderr) == (2, [message.replace("{file}", str(file))])
+
+
+class Parsing(Exception):
+    """Raised in place of parsing: the script's parser, with every flag it defines."""
+
+
+@pytest.mark.parametrize("script", [*SCRIPTS, INFERENCE])
+def test_every_numeric_flag_has_a_case_below_its_lower_bound_and_every_float_flag_a_non_finite_one(script, monkeypatch):
+    """Checked against the flags each script really defines, so a new numeric flag needs its cases above."""
+    def parsing(parser, *args, **kwargs):
+        raise Parsing(parser)
+
+    monkeypatch.setattr(flags_module.Parser, "parse_args", parsing)
+    with pytest.raises(Parsing) as parsed:
+        load_script(script).main()
+    numeric = {action.option_strings[-1]: action.type for action in parsed.value.args[0]._actions
+               if action.type in (int, float)}
+    assert {"--batch-size", "--eval-images"} <= set(numeric)
+    values = {}  # flag: the values its cases give it, on this script
+    for case_script, flags, _ in CASES:
+        if case_script == script:
+            for flag, value in zip(flags, flags[1:], strict=False):
+                values.setdefault(flag, []).append(value)
+    for flag, kind in numeric.items():
+        given = values.get(flag, [])
+        assert any(float(value) <= 0 for value in given), f"{script}: no case below the lower bound of {flag}"
+        if kind is float:
+            assert {"nan", "inf"} & set(given), f"{script}: no non-finite case for {flag}"
 
 
 def test_under_torchrun_only_rank_0_prints_the_error(run_main, monkeypatch):
@@ -133,3 +188,37 @@ def test_a_gpu_shortfall_names_no_gpu_as_a_way_out(script, flags, run_main, monk
     code, stderr = run_main(script, "--data", "synthetic", *flags)
     assert code == "error: --num-workers 2 needs 2 GPUs, the cluster has 1; use --num-workers 1 or fewer, or " \
                    "--no-gpu to train on CPUs" and stderr == []
+
+
+@pytest.mark.parametrize("flags, resources, message", [
+    (["--num-workers", "2-4"], {"CPU": 1.0}, "error: --num-workers 2-4 needs 2 CPUs, the cluster has 1; use a MIN of "
+                                             "1 or fewer"),
+    (["--num-workers", "2-4"], {"CPU": 16.0, "GPU": 1.0}, "error: --num-workers 2-4 needs 2 GPUs, the cluster has 1; "
+                                                          "use a MIN of 1 or fewer, or --no-gpu to train on CPUs"),
+])
+def test_an_elastic_range_needs_its_min_to_fit_the_cluster(flags, resources, message, run_main, monkeypatch):
+    import ray
+
+    from common import ray_setup
+
+    monkeypatch.setattr(ray, "init", lambda **options: None)
+    monkeypatch.setattr(ray_setup.ray, "cluster_resources", lambda: resources)
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "")  # restored after, as the run sets it
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S")
+    assert run_main(ELASTIC, "--data", "synthetic", "--batch-size", "48", *flags) == (message, [])
+
+
+def test_an_elastic_range_starts_on_its_min_and_waits_less_for_a_lost_node(monkeypatch):
+    """1-4 on a cluster of 1 CPU: accepted (Ray starts 1 worker, more as nodes join); its worker group's start
+    timeout is shortened, so that the retry at the size last seen gives up soon after a node is lost."""
+    import argparse
+
+    from common import ray_setup
+
+    monkeypatch.setattr(ray_setup.ray, "cluster_resources", lambda: {"CPU": 1.0})
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "")  # restored after, as the run sets it
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S")
+    args = argparse.Namespace(num_workers=(1, 4), use_gpu=None)
+    assert ray_setup.check_cluster_and_choose_gpu(args) is False
+    assert float(ray_setup.os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]) == ray_setup.ELASTIC_START_TIMEOUT_S
+    assert [ray_setup.worker_count(text) for text in ("2", "1-4", "3-3")] == [2, (1, 4), 3]

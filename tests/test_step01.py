@@ -8,26 +8,18 @@ import numpy as np
 import pytest
 
 from common import build_model, count_params
-from conftest import (ACCUMULATE, ROUNDING, ROOT, SMOKE, assert_same_weights, assert_sane_summary,
+from conftest import (ACCUMULATE, ROUNDING, ROOT, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
                       collectives_per_step, final_json, free_port, load_weights, profile_summary, python, torchrun)
 
-SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
 
-@pytest.fixture(scope="module")
-def single_run(tmp_path_factory):
-    """One uninterrupted single-machine run that several tests compare against."""
-    checkpoint_dir = tmp_path_factory.mktemp("single")
-    result = python(SINGLE, *SMOKE, "--checkpoint-dir", str(checkpoint_dir))
-    return final_json(result), checkpoint_dir, result
-
-
+@pytest.mark.smoke
 def test_single_machine_trains_and_reports(single_run):
     summary, checkpoint_dir, result = single_run
     assert_sane_summary(summary, "single_machine", world_size=1)
     assert f"model tiny: {count_params(build_model('tiny')):,} parameters | data: synthetic" in result.stdout
-    assert sum(line.startswith("epoch ") for line in result.stdout.splitlines()) == 2
+    assert sum(line.startswith("epoch ") and "| 1 process |" in line for line in result.stdout.splitlines()) == 2
     model = build_model("tiny")
     model.load_state_dict(load_weights(checkpoint_dir))  # the checkpoint loads into a plain model
     assert summary["params"] == sum(p.numel() for p in model.parameters())
@@ -38,7 +30,8 @@ def test_ddp_trains_and_reports_once(ddp_run):
     assert_sane_summary(summary, "ddp", world_size=2)
     # Rank 0 alone prints: one header, one line per epoch, one JSON line.
     assert result.stdout.count("parameters | data:") == 1
-    assert sum(line.startswith("epoch ") for line in result.stdout.splitlines()) == 2
+    assert sum(line.startswith("epoch ") and "| 2 processes |" in line for line in result.stdout.splitlines()) == 2
+    assert [h["world_size"] for h in summary["history"]] == [2, 2]
     assert sum(line.startswith("{") for line in result.stdout.splitlines()) == 1
 
 
@@ -75,6 +68,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_not_once_per_micro_batch(ddp_ru
     assert ddp_run[2].stdout.count("profile: 2 optimizer steps after 2 warm-up steps") == 1
 
 
+@pytest.mark.timeout(420)  # two runs, each with its own limit
 def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
     crashed = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--fail-at-epoch", "1")
     assert crashed.returncode != 0 and "simulated crash after epoch 1" in crashed.stderr
@@ -85,6 +79,7 @@ def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
     assert_same_weights(load_weights(single_run[1]), load_weights(tmp_path))
 
 
+@pytest.mark.timeout(360)  # two runs, each with its own limit
 def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp_path):
     flags = [*SMOKE, *ACCUMULATE, "--checkpoint-dir", str(tmp_path)]
     crashed = torchrun(DDP, 2, *flags, "--fail-at-epoch", "1", timeout=120)
@@ -94,6 +89,7 @@ def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp
     assert_same_weights(load_weights(ddp_run[1]), load_weights(tmp_path))
 
 
+@pytest.mark.smoke
 def test_multinode_launcher_joins_two_nodes(tmp_path):
     """Two 'nodes' on localhost, one process each, rendezvous through node 0's endpoint."""
     endpoint = f"127.0.0.1:{free_port()}"

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (ACCUMULATE, PROFILE, SMOKE, assert_same_weights, assert_sane_summary, collectives_per_step,
-                      final_json, latest_ray_checkpoint, load_weights, profile_summary, ray_script)
+from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_same_weights, assert_sane_summary,
+                      collectives_per_step, final_json, latest_ray_checkpoint, load_weights, profile_summary,
+                      ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
@@ -52,9 +53,9 @@ def test_fsdp1_equals_ddp_with_the_same_seed_and_global_batch(fsdp1_run, ray_run
 def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
     model = build_model("tiny")
     model.load_state_dict(load_weights(latest_ray_checkpoint(fsdp1_run[1])))  # plain keys: no FSDP prefixes
-    data = load_data("synthetic", "")
+    data = load_data("synthetic", "", EVAL_IMAGES)  # the images the run evaluated (SMOKE's --eval-images)
     correct, counted = evaluate(model, data.test_images, data.test_labels, torch.device("cpu")).tolist()
-    assert correct / counted == fsdp1_run[0]["test_accuracy"]
+    assert counted == EVAL_IMAGES and correct / counted == fsdp1_run[0]["test_accuracy"]
 
 
 def test_crashed_worker_restarts_from_the_last_checkpoint(fsdp1_run):

@@ -1,0 +1,179 @@
+"""Elastic training, step 04 with --num-workers 1-2: losing a node does not stop the run, and the run grows back
+when a node returns. On a Ray cluster of its own, which can lose a node (the session's cannot): a head node with no
+CPUs, where the script's driver and Ray Train's controller run and survive, and two worker nodes of 1 CPU each."""
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, latest_ray_checkpoint,
+                      load_weights)
+
+# Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides 5-35 s after
+# the node returns (Ray's autoscaling coordinator looks every 20 s); then 2 again to the end. Short epochs (3 steps,
+# evaluated on 128 images), paced by the controller's poll: a worker's report waits for the poll that takes the one
+# before, so one epoch per poll at most, on a fast machine as on a loaded one: 3 or 4 epochs on 1 worker at most after
+# the node returns, and the run cannot end before the group grows back.
+EPOCHS = 7
+POLL_S = 10
+TRAINING = [*SMOKE, "--epochs", str(EPOCHS), "--steps-per-epoch", "3", "--eval-images", "128"]
+SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"  # the same training on one process, fixed
+RESIZE_CHECK_INTERVAL_S = 5  # Ray's default is 60 s: the group would grow back a minute after the node returns
+EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ \| (\d+) process")
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours, and the cursor moves of Ray's progress bars
+# The cluster, in a process of its own: Ray's Cluster.add_node works in a main thread only, and Cluster.shutdown
+# resets Ray's globals in its process (those of this one's driver on the session cluster, if it has one). It adds or
+# removes a worker node at each line on its stdin, and answers each with "done".
+CLUSTER = """
+import sys
+from ray.cluster_utils import Cluster
+
+node = dict(num_cpus=1, object_store_memory=100 * 2**20)
+cluster = Cluster(initialize_head=True, head_node_args=dict(node, num_cpus=0, include_dashboard=False))
+workers = [cluster.add_node(**node) for _ in range(2)]
+cluster.wait_for_nodes()
+print("address", cluster.address, flush=True)
+for command in sys.stdin:
+    if command.strip() == "remove":
+        cluster.remove_node(workers.pop())
+    else:
+        workers.append(cluster.add_node(**node))
+    print("done", flush=True)
+cluster.shutdown()
+"""
+
+
+class ElasticCluster:
+    """The CLUSTER process: its address, and the commands "remove" and "add", each answered once done."""
+
+    def __init__(self, log: Path):
+        self.log = log
+        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log.open("w"))
+        self.address = self.answer("address").split()[1]
+
+    def answer(self, word: str) -> str:
+        for line in self.process.stdout:
+            if line.startswith(word):
+                return line.strip()
+        raise AssertionError(f"the test cluster's process ended: {self.log.read_text()[-3000:]}")
+
+    def command(self, command: str) -> None:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        self.answer("done")
+
+    def shutdown(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()
+            self.process.wait()
+
+
+class Output:
+    """The script's output, read line by line in a thread while the test removes and adds nodes, each line with
+    its time since the start."""
+
+    def __init__(self, process):
+        self.lines, self.start = [], time.time()
+        self.thread = threading.Thread(target=self.read, args=(process,), daemon=True)
+        self.thread.start()
+
+    def read(self, process):
+        for line in process.stdout:
+            self.lines.append((time.time() - self.start, TERMINAL_CODES.sub("", line.rstrip("\n"))))
+
+    def epochs(self) -> list[tuple[float, int, int]]:
+        """(seconds, epoch, processes) of every epoch line so far, repeats included."""
+        return [(t, int(m[1]), int(m[2])) for t, line in list(self.lines) if (m := EPOCH_LINE.search(line))]
+
+    def text(self) -> str:
+        return "\n".join(f"[{t:6.1f} s] {line}" for t, line in self.lines)
+
+
+def wait_for(condition, what: str, process, output, timeout=240):
+    deadline = time.time() + timeout
+    while not condition():
+        if process.poll() is not None or time.time() > deadline:
+            raise AssertionError(f"waited for {what}; the run {'ended' if process.poll() is not None else 'is slow'}"
+                                 f"\n{output.text()[-6000:]}")
+        time.sleep(0.2)
+
+
+def registered_epoch(storage: Path) -> int:
+    """The epoch of the newest checkpoint that Ray Train's controller has registered, from its snapshot in the run
+    folder: a restarted group resumes from there. A checkpoint reported but not registered yet (the controller polls
+    the workers) would be lost with the node, and its epoch trained again."""
+    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+        except (OSError, ValueError, KeyError):  # being written
+            return 0
+        return latest["metrics"]["epoch"] if latest else 0
+    return 0
+
+
+@pytest.mark.timeout(600)
+def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_returns(tmp_path, main_summary):
+    cluster = ElasticCluster(tmp_path / "cluster.log")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(POLL_S),
+           "RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S": str(RESIZE_CHECK_INTERVAL_S)}
+    storage = tmp_path / "elastic"
+    process = subprocess.Popen([sys.executable, str(ROOT / RAY_FSDP2), *TRAINING, "--num-workers", "1-2",
+                                "--address", cluster.address, "--checkpoint-dir", str(storage)],
+                               cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output, events = Output(process), {}
+    try:
+        # Two workers train an epoch; once the controller has registered its checkpoint, a node goes.
+        wait_for(lambda: any(n == 2 for _, _, n in output.epochs()), "an epoch on 2 workers", process, output)
+        last = output.epochs()[-1][1]
+        wait_for(lambda: registered_epoch(storage) >= last, f"epoch {last}'s checkpoint", process, output)
+        cluster.command("remove")
+        events["node removed"] = time.time() - output.start
+        # The run goes on, on 1 worker, from the last checkpoint; then a node comes back.
+        wait_for(lambda: any(n == 1 for _, _, n in output.epochs()), "an epoch on 1 worker", process, output)
+        cluster.command("add")
+        events["node added"] = time.time() - output.start
+        # Meanwhile, in this process, the same training on one process from start to end, to compare with.
+        fixed, _ = main_summary(SINGLE, *TRAINING, "--checkpoint-dir", str(tmp_path / "fixed"))
+        events["fixed-size run done"] = time.time() - output.start
+        wait_for(lambda: process.poll() is not None, "the end of the run", process, output, timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        output.thread.join(timeout=10)
+        cluster.shutdown()
+    print(f"\n{output.text()}\n{events}")  # the timeline, with pytest -s
+    assert process.returncode == 0, output.text()[-6000:]
+    summary = json.loads([line for _, line in output.lines if line.startswith("{")][-1])
+    # Every epoch trained once in the run's history, by 2 workers, then 1, then 2 again.
+    history = [(h["epoch"], h["world_size"]) for h in summary["history"]]
+    assert [epoch for epoch, _ in history] == list(range(1, EPOCHS + 1)), history
+    sizes = "".join(str(size) for _, size in history)
+    assert re.fullmatch(r"2+1+2+", sizes), history
+    # Each epoch's last printed line names the workers that trained it (a group resized before it registered an
+    # epoch's checkpoint trains that epoch again: its line then shows twice).
+    assert {epoch: n for _, epoch, n in output.epochs()} == dict(history)
+    assert summary["world_size"] == 2 and summary["nodes"] == 2
+    # Each resize restarted the group from the last checkpoint: of the last epoch trained at the size before.
+    resumed = [int(m[1]) for _, line in output.lines if (m := re.search(r"resumed from \S+ after epoch (\d+)", line))]
+    assert resumed == [epoch for (epoch, size), (_, after) in zip(history, history[1:], strict=False) if size != after]
+    # Each epoch's global batches are the same at any size (the sampler's seed and epoch fix the order), and each
+    # resize resumed the model, AdamW and the schedule: the run ends with the weights of a run that never resized, up
+    # to float rounding, as step 04's resume from 1 worker to 2 ends with DDP's (test_step04).
+    assert_same_weights(load_weights(tmp_path / "fixed"),
+                        torch.load(latest_ray_checkpoint(storage) / "model.pt", weights_only=True), atol=ROUNDING)
+    np.testing.assert_allclose([h["train_loss"] for h in summary["history"]],
+                               [h["train_loss"] for h in fixed["history"]], rtol=1e-4)
