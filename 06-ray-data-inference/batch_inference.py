@@ -137,6 +137,7 @@ def check_flags(parser: Parser, args) -> None:
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint file or folder is used as it is;
     a Ray run folder is inspected and gives its best checkpoint."""
+    path = path.expanduser().resolve()  # Ray takes a relative path for a URI with no scheme
     if not path.exists():
         raise fail(f"no checkpoint at --checkpoint {path}; pass a checkpoint file or folder, "
                    f"or a Ray run folder (<checkpoint-dir>/<step>-<date>-<time>)")
@@ -176,6 +177,7 @@ def inspect_run(path: Path) -> Path:
 
 def load_weights(path: Path, model_flag: str | None) -> tuple[dict, str]:
     """The model's state dict and preset from any step's checkpoint, on the driver's CPU."""
+    path = path.expanduser().resolve()  # Ray takes a relative path for a URI with no scheme
     folder = path if path.is_dir() else path.parent
     # Steps 02-04 write the preset into Ray's checkpoint metadata;
     # step 01's checkpoint.pt holds it itself.
@@ -192,8 +194,11 @@ def load_weights(path: Path, model_flag: str | None) -> tuple[dict, str]:
         raise fail(f"{file} is not a PyTorch checkpoint ({type(e).__name__}); "
                    f"pass a checkpoint.pt, a model.pt or a checkpoint folder")
     # Steps 01-03: model, optimizer, scheduler, epoch, history, model_preset
-    if "model_preset" in state:
-        state, saved_preset = state["model"], state["model_preset"]
+    if isinstance(state, dict) and "model_preset" in state:
+        state, saved_preset = state.get("model"), state["model_preset"]
+    if not (isinstance(state, dict) and all(isinstance(t, torch.Tensor) for t in state.values())):
+        raise fail(f"{file} holds no model weights (a {type(state).__name__}, not a state dict of "
+                   f"tensors); pass a checkpoint.pt, a model.pt or a checkpoint folder")
     preset = check_preset(path, saved_preset, model_flag)
     check_fits(state, preset, file)
     return state, preset
@@ -238,7 +243,21 @@ def image_files(folder: Path, limit: int | None) -> list[Path]:
         raise fail(f"--images {folder} is not a folder with files in it; pass a folder of images")
     if limit is not None and not 0 < limit <= len(files):
         raise fail(f"--eval-images {limit} must be between 1 and {len(files)}")
-    return files[:limit]
+    files = files[:limit]
+    # Up to the first image Pillow reads (the first file, in a folder of images): with none, Ray
+    # and its actors would start for nothing.
+    if not any(decode_image(dict(path=str(f), bytes=read_bytes(f))) for f in files):
+        raise fail(f"none of the {len(files)} files in --images {folder} is an image Pillow can "
+                   f"read; pass a folder of PNG or JPEG files")
+    return files
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes; none for a file that cannot be read (decode_image drops it)."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def check_a_cpu_is_left_to_read(actors: int) -> None:

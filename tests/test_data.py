@@ -177,15 +177,25 @@ def test_augmentation_is_a_crop_and_a_flip():
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 7])
 def test_evaluation_counts_every_test_image_exactly_once(world_size):
+    """Every rank's [correct, counted] over its shard (images rank::world_size), each image scored against its own
+    label once. A random linear model predicts a class of its own for each image (an untrained tiny, with torchvision's
+    zero head, predicts class 0 for all), and the labels make exactly the even-numbered images right: an image counted
+    twice, skipped, or scored against another image's label changes the counts."""
     data = load_data("synthetic", "unused")
-    images, labels = data.test_images[:101], data.test_labels[:101]  # 101: no world size divides it
+    images = data.test_images[:101]  # 101: no world size divides it
     torch.manual_seed(0)
-    model = build_model("tiny")
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    with torch.no_grad():
+        predicted = predict(model, images).argmax(1)
+    assert len(predicted.unique()) > 2
+    even = torch.arange(101) % 2 == 0
+    labels = torch.where(even, predicted, (predicted + 1) % 10)  # right on even-numbered images only
     device = torch.device("cpu")
-    single = evaluate(model, images, labels, device, batch_size=50)
-    total = sum(evaluate(model, images, labels, device, rank, world_size, batch_size=16)
-                for rank in range(world_size))
-    assert total.tolist() == single.tolist() and total[1] == 101
+    assert evaluate(model, images, labels, device, batch_size=50).tolist() == [51, 101]
+    for rank in range(world_size):
+        shard = torch.arange(rank, 101, world_size)
+        assert evaluate(model, images, labels, device, rank, world_size, batch_size=16).tolist() == [
+            int(even[shard].sum()), len(shard)], rank
 
 
 def test_evaluation_scores_the_mean_prediction_of_each_image_and_its_mirror():

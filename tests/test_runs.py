@@ -1,0 +1,114 @@
+"""Which checkpoints a Ray run keeps and calls its best (steps 02 to 04, and step 06, which classifies with the best),
+and which run --resume continues when the checkpoint folder holds several (every Ray step: ray_setup.run_name)."""
+import argparse
+import builtins
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import ray.train
+
+from common.ray_setup import run_name
+from conftest import RAY_DDP, RAY_FSDP2, load_script
+
+RAY_STEPS = [RAY_DDP, "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", "03-ray-train-fsdp/train_ray_fsdp.py",
+             RAY_FSDP2]
+# Test accuracy per epoch of a scripted run: the best is epoch 2, the best two 2 and 4, the newest two 3 and 4, and
+# the worst two 1 and 3: whichever rule picks the kept checkpoints, it shows.
+ACCURACIES = [0.3, 0.5, 0.1, 0.4]
+
+
+class Built(Exception):
+    """Raised by a stand-in TorchTrainer, to stop a step's main() once it has built its trainer."""
+
+
+def run_configs(monkeypatch, ray_driver, tmp_path) -> dict:
+    """Each Ray step's RunConfig as its main() builds it, on the test cluster; nothing trains."""
+    def record(train_func, **options):
+        raise Built(options["run_config"])
+
+    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
+    configs = {}
+    for script in RAY_STEPS:
+        module = load_script(script)
+        monkeypatch.setattr(module, "TorchTrainer", record)
+        monkeypatch.setattr(sys, "argv", [script, "--data", "synthetic", "--model", "tiny", "--address", ray_driver,
+                                          "--checkpoint-dir", str(tmp_path / Path(script).stem)])
+        with pytest.raises(Built) as built:
+            module.main()
+        configs[script] = built.value.args[0]
+    return configs
+
+
+def scripted_training():
+    """A training function to stand in for a step's, nested: Ray ships it by value, without this module."""
+    def scripted_run(config):
+        """Stands in for a step's train_func, in every worker: reports ACCURACIES as the steps report their epochs (the
+        metrics, the summary the driver prints, a checkpoint from rank 0 with the preset and epoch in its metadata)."""
+        import tempfile
+
+        accuracies = ACCURACIES
+        history = []
+        for epoch, accuracy in enumerate(accuracies, 1):
+            history.append(dict(epoch=epoch, train_loss=1.0 / epoch, test_accuracy=accuracy))
+            summary = dict(test_accuracy=accuracy, history=history,
+                           memory_per_rank=[dict(params_mb=1.0, grads_mb=1.0, optimizer_mb=2.0, peak_mb=100.0)])
+            with tempfile.TemporaryDirectory() as folder:
+                checkpoint = None
+                if ray.train.get_context().get_world_rank() == 0:
+                    Path(folder, "epoch.txt").write_text(str(epoch))
+                    checkpoint = ray.train.Checkpoint.from_directory(folder)
+                    checkpoint.set_metadata(dict(model_preset="tiny", epoch=epoch))
+                ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+
+    return scripted_run
+
+
+def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_with_the_best(ray_driver, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """Step 02's main() with a scripted training function: Ray keeps the checkpoints of epochs 2 and 4 (the two most
+    accurate), the run names epoch 2's its best, and step 06, given the run, picks epoch 2's. Steps 02 (Ray Data),
+    03 and 04 build the same CheckpointConfig, so they keep and pick the same."""
+    configs = run_configs(monkeypatch, ray_driver, tmp_path)
+    assert len({repr(config.checkpoint_config) for config in configs.values()}) == 1, configs
+
+    step02 = load_script(RAY_DDP)
+    monkeypatch.setattr(step02, "train_func", scripted_training())
+    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after: Ray's progress bars patch print
+    monkeypatch.setattr(sys, "argv", [RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "4",
+                                      "--num-workers", "1", "--address", ray_driver,
+                                      "--checkpoint-dir", str(tmp_path / "scripted")])
+    step02.main()
+    stdout = capsys.readouterr().out
+    [run] = (tmp_path / "scripted").iterdir()
+    kept = {int((checkpoint / "epoch.txt").read_text()): checkpoint for checkpoint in run.glob("checkpoint_*/")}
+    assert sorted(kept) == [2, 4]
+    assert f"best checkpoint {kept[2]} (epoch 2, test acc 50.00%)" in stdout
+
+    best = load_script("06-ray-data-inference/batch_inference.py").find_checkpoint(run)
+    assert best == kept[2]
+    assert f"best checkpoint by test accuracy: {kept[2]} (epoch 2, test acc 50.00%)" in capsys.readouterr().out
+
+
+def make_run(folder: Path, preset: str = "tiny", epoch: int = 1) -> Path:
+    """A Ray run folder with one checkpoint, as steps 02 to 04 leave it after an epoch."""
+    checkpoint = folder / "checkpoint_000000"
+    checkpoint.mkdir(parents=True)
+    ray.train.Checkpoint(str(checkpoint)).set_metadata(dict(model_preset=preset, epoch=epoch))
+    return folder
+
+
+def test_resume_continues_the_newest_run_whatever_order_the_folders_were_written_in(tmp_path):
+    """Runs are named after the time they started; --resume takes the newest of this step's runs, not the first
+    listed, nor another step's, nor a file; and checks the preset of that run's checkpoint."""
+    for name in ("ray_ddp-20260101-120000", "ray_ddp-20261231-235959", "ray_ddp-20251231-235959",
+                 "ray_ddp-20260615-080000", "ray_fsdp2-20270101-000000"):
+        make_run(tmp_path / name, preset="small" if name == "ray_ddp-20261231-235959" else "tiny")
+    (tmp_path / "ray_ddp-20991231-000000.log").write_text("not a run")
+    args = argparse.Namespace(resume=True, checkpoint_dir=str(tmp_path), model="small", epochs=2)
+    assert run_name("ray_ddp", args) == "ray_ddp-20261231-235959"
+    with pytest.raises(SystemExit, match=r"ray_ddp-20261231-235959/checkpoint_000000 holds a --model small "
+                                         r"checkpoint, not tiny"):
+        run_name("ray_ddp", argparse.Namespace(resume=True, checkpoint_dir=str(tmp_path), model="tiny", epochs=2))
+    assert run_name("ray_fsdp2", argparse.Namespace(**dict(vars(args), model="tiny"))) == "ray_fsdp2-20270101-000000"
