@@ -43,6 +43,7 @@ SCRIPTS = {
     "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
     "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py",
     "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
+    "ray_tune": "05-ray-tune/tune_ray_ddp.py",
     "inference": "06-ray-data-inference/batch_inference.py",
 }
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
@@ -65,6 +66,7 @@ class Run:
     error: str | None = None
     checkpoint_dir: str | None = None  # kept after the run (another run reads it), else a temporary one
     side_by_side: bool = False  # runs at the same time as the side-by-side runs next to it
+    wall_s: float | None = None  # from starting the command to its JSON line: what the person waits
 
 
 def main():
@@ -72,7 +74,8 @@ def main():
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     machine, commit = describe_machine(), describe_commit()  # at the start: the code that runs
-    planned = plan_step_runs(args) + plan_memory_runs(args) + plan_inference_runs(args) + plan_recipe_runs(args)
+    planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_memory_runs(args) + plan_inference_runs(args)
+               + plan_recipe_runs(args))
     runs = [r for r in planned if selected(r, args.only)]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
@@ -90,6 +93,7 @@ def main():
                                              and not args.address for r in runs) else None
     results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                    date=time.strftime("%Y-%m-%d"), commit=commit, ray_start_s=ray_start_s,
+                   steps_per_epoch=args.steps_per_epoch,
                    runs=[vars(r) for r in runs])
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(results_markdown(results))
@@ -148,6 +152,9 @@ def plan_step_runs(args) -> list:
     n, gpus = args.num_workers, torch.cuda.device_count()
     runs = [Run("single_machine", "steps", "single_machine", 1), Run("ddp", "steps", "ddp", n),
             Run("ray_ddp_1_worker", "steps", "ray_ddp", 1), Run("ray_ddp", "steps", "ray_ddp", n),
+            # Ray Train's local mode: one process with no Ray, and torchrun's N processes
+            Run("ray_ddp_local", "steps", "ray_ddp", 1, ["--num-workers", "0"]),
+            Run("ray_ddp_local_torchrun", "steps", "ray_ddp", n, ["--num-workers", "0"]),
             Run("ray_ddp_poll_2s", "steps", "ray_ddp", n, env={"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2.0"}),
             Run("ray_ddp_data", "steps", "ray_ddp_data", n), Run("ray_fsdp", "steps", "ray_fsdp", n),
             Run("ray_fsdp2", "steps", "ray_fsdp2", n),
@@ -186,6 +193,12 @@ def plan_memory_runs(args) -> list:
                                f"{capacity / 2**30:.1f} GiB {where}")
             runs.append(run)
     return runs
+
+
+def plan_tune_runs(args) -> list:
+    """Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each."""
+    return [Run("ray_tune", "tune", "ray_tune", 1, ["--num-workers", "1", "--num-samples", "4", "--epochs", "1",
+                                                    "--steps-per-epoch", "50"])]
 
 
 def plan_inference_runs(args) -> list:
@@ -247,8 +260,10 @@ def start_memory_cluster(args, runs) -> str | None:
 def command(run: Run, args, address: str | None) -> list:
     script = str(ROOT / SCRIPTS[run.step])
     data = ["--data", args.data] + (["--data-dir", args.data_dir] if args.data_dir else [])
-    if run.step == "inference":  # the checkpoint names its model; Ray Data's output goes to a scratch folder
+    if run.step in ("inference", "ray_tune"):  # their own data defaults; their tables go to a scratch folder
         out = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
+        data = ["--data", args.data] if run.step == "inference" else []  # step 05 tunes on its validation split
+        data += ["--data-dir", args.data_dir] if args.data_dir else []
         return [sys.executable, script, *data, *run.flags, "--out", out] + (["--address", address] if address else [])
     if run.section == "recipe":  # the steps' defaults, model included
         return [sys.executable, script, *data, *run.flags]
@@ -265,9 +280,11 @@ def command(run: Run, args, address: str | None) -> list:
     flags += run.flags
     if run.step == "single_machine":
         return [sys.executable, script, *flags]
-    if run.step == "ddp":
+    if run.step == "ddp" or run.name == "ray_ddp_local_torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 str(run.workers), script, *flags]
+    if "--num-workers" in run.flags:  # local mode's --num-workers 0: no Ray, so no address
+        return [sys.executable, script, *flags]
     return [sys.executable, script, *flags, "--num-workers", str(run.workers)] + (
         ["--address", address] if address else [])
 
@@ -297,8 +314,8 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
     if returncode or summary is None:
         run.status, run.error = "failed", last_error_line(log_path)
         return
-    run.status, run.summary = "ok", summary
-    if run.step == "inference":
+    run.status, run.summary, run.wall_s = "ok", summary, seen_at - launched
+    if run.step in ("inference", "ray_tune"):
         return
     # wall_time_s runs from the script's own start, after its imports: add what came before it.
     started = seen_at - summary["wall_time_s"]
@@ -330,6 +347,8 @@ def outcome_line(run: Run) -> str:
     s = run.summary
     if run.step == "inference":
         return f"{s['images']:,} images, {s['images_per_s']:,.0f} images/s, accuracy {s['accuracy']:.2%}"
+    if run.step == "ray_tune":
+        return f"{len(s['trials'])} trials in {run.wall_s:.0f} s, best {s['best']['best_accuracy']:.2%}"
     memory = s.get("memory_per_rank") or [{}]
     state = sum(memory[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
     return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, "
@@ -389,6 +408,11 @@ def results_markdown(results: dict) -> str:
         lines += memory_markdown(memory)
     if inference:
         lines += ["## Batch inference (step 06)", ""] + inference_table(inference) + [""]
+    tune = [r for r in runs if r.section == "tune" and r.status == "ok"]
+    if tune:
+        s = tune[0].summary
+        lines += ["## Step 05 as in class", "", f"{len(s['trials'])} trials in {tune[0].wall_s:.0f} s from launch; "
+                  f"best validation accuracy {s['best']['best_accuracy']:.2%}.", ""]
     if recipe:
         lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
     return "\n".join(lines) + "\n"

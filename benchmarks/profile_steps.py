@@ -24,12 +24,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common import PRESETS  # noqa: E402
+from common.model import DEFAULT_PRESET  # noqa: E402
 from common.profiling import (PHASES, WARMUP_STEPS, load_trace, profiled_steps,  # noqa: E402
                               step_parts)
 from compare_steps import SCRIPTS, describe_machine, last_error_line  # noqa: E402
 
 VARIANTS = {  # name: (step, flags, title)
     "ddp": ("ray_ddp", [], "DDP (step 02)"),
+    # The same all-reduces per optimizer step as "ddp", though every optimizer step is 4 micro-batches:
+    # no_sync() skips the first 3 (without it, 4 times the calls).
+    "ddp_accum4": ("ray_ddp", ["--grad-accum-steps", "4"], "DDP, 4 micro-batches (step 02)"),
     "fsdp1": ("ray_fsdp", [], "FSDP1 (step 03)"),
     "fsdp2": ("ray_fsdp2", [], "FSDP2 (step 04)"),
     "fsdp2_offload": ("ray_fsdp2", ["--cpu-offload"], "FSDP2 + CPU offload (step 04)"),
@@ -64,10 +68,10 @@ def main():
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", choices=PRESETS)
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS)
     p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"])
     p.add_argument("--data-dir", default=None, help="passed to every step (default: theirs)")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch (the steps' default)")
     p.add_argument("--profile-steps", type=int, default=3, help="optimizer steps profiled per run")
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--address", default=None, help="a Ray cluster (default: each run starts one)")

@@ -1,0 +1,448 @@
+"""Every published table, rendered from its results.json into the documents that show it.
+
+    python benchmarks/tables.py            # rewrite every generated table in the documents
+    python benchmarks/tables.py --check    # exit 1, naming them, if any differs from its results.json
+
+A document (README.md, a step's README.md, benchmarks/README.md, slides/workshop.md) marks a table
+with two HTML comments, which Markdown and Marp do not show:
+
+    <!-- table: steps -->
+    | ... the table, written by this script ... |
+    <!-- /table -->
+
+The name is one of TABLES below, each a function of the published results.json it names. A
+document's table is never typed by hand: tests/test_tables.py renders every region again from the
+committed results and fails when a document differs.
+"""
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from compare_steps import Run, inference_table, memory_markdown, steady_images_per_s  # noqa: E402
+
+from common.flags import TRAIN_SIZES  # noqa: E402
+
+PUBLISHED = ROOT / "benchmarks" / "published"
+STEPS = PUBLISHED / "steps" / "results.json"
+RECIPE = PUBLISHED / "recipe" / "results.json"
+TUNE = PUBLISHED / "tune-sweep" / "results.json"
+DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "slides/workshop.md", "TROUBLESHOOTING.md"]
+REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+# What each steps-section run is, for a reader: the step and the command's difference.
+RUN_NAMES = {
+    "single_machine": "01 `train_single_machine.py`",
+    "ddp": "01 `torchrun ... train_ddp.py`",
+    "ray_ddp_1_worker": "02 `train_ray_ddp.py --num-workers 1`",
+    "ray_ddp": "02 `train_ray_ddp.py`",
+    "ray_ddp_poll_2s": "02, Ray's default 2 s controller poll",
+    "ray_ddp_local": "02 `--num-workers 0` (local mode)",
+    "ray_ddp_local_torchrun": "02 `torchrun ... --num-workers 0`",
+    "ray_ddp_data": "02 `train_ray_ddp_with_ray_data.py`",
+    "ray_fsdp": "03 `train_ray_fsdp.py` (FSDP1)",
+    "ray_fsdp2": "04 `train_ray_fsdp2.py` (FSDP2)",
+    "ray_fsdp2_mp_offload": "04 `... --mixed-precision --cpu-offload`",
+}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def runs(results: dict, section: str) -> list:
+    return [Run(**r) for r in results["runs"] if r["section"] == section]
+
+
+def ok_runs(results: dict, section: str) -> dict:
+    return {r.name: r for r in runs(results, section) if r.status == "ok"}
+
+
+def measured_on(results: dict) -> str:
+    """Where and when, for the line under a table."""
+    return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
+
+
+def epochs_trained(results: dict, summary: dict) -> str:
+    """'1 epoch', or '1 epoch of 60 steps' when the benchmark cut the epochs short."""
+    cut = results.get("steps_per_epoch")
+    return f"{summary['epochs']} epoch" + (f" of {cut} steps" if cut else "")
+
+
+def steps_table(results: dict) -> list:
+    """One epoch of every step, the same model, data and global batch."""
+    first = next(iter(ok_runs(results, "steps").values())).summary
+    lines = [f"| run ({first['model']}, {epochs_trained(results, first)}, global batch "
+             f"{first['global_batch_size']}) | "
+             "processes | test accuracy | images/s | launch to first step | peak memory per rank |",
+             "|---|---|---|---|---|---|"]
+    for r in runs(results, "steps"):
+        name = RUN_NAMES.get(r.name, r.name)
+        if r.status != "ok":
+            lines.append(f"| {name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | |")
+            continue
+        s = r.summary
+        peaks = " / ".join(f"{m:,.0f}" for m in s["peak_memory_mb"])
+        lines.append(f"| {name} | {s['world_size']} | {s['test_accuracy']:.2%} | {steady_images_per_s(s):,.0f} | "
+                     f"{r.launch_to_first_step_s:.1f} s | {peaks} MB |")
+    return lines + ["", f"Measured on {measured_on(results)}."]
+
+
+def startup_table(results: dict) -> list:
+    """Launch to first step, phase by phase."""
+    lines = ["| run | imports | launcher: process group, or Ray and its workers | data | model | first step | "
+             "total |", "|---|---|---|---|---|---|---|"]
+    for r in ok_runs(results, "steps").values():
+        t = r.summary["startup_s"]
+        phases = [r.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
+                  r.summary["time_to_first_step_s"] - t["model"], r.launch_to_first_step_s]
+        lines.append(f"| {RUN_NAMES.get(r.name, r.name)} | " + " | ".join(f"{p:.1f}" for p in phases) + " |")
+    return lines + ["", f"Seconds. Measured on {measured_on(results)}."]
+
+
+def memory_table(results: dict) -> list:
+    table = [line for line in memory_markdown(runs(results, "memory")) if line.startswith("|")]
+    return table + ["", f"Measured on {measured_on(results)}."]
+
+
+def inference(results: dict) -> list:
+    return inference_table(runs(results, "inference")) + ["", f"Measured on {measured_on(results)}."]
+
+
+def recipe(results: dict) -> list:
+    """The steps' defaults for 10 epochs, two seeds; the seconds per epoch of the steps section's run."""
+    lines = ["| seed | model | epochs | test accuracy | on the first test images alone |", "|---|---|---|---|---|"]
+    trained = [r for r in runs(results, "recipe") if r.step != "inference"]
+    exact = {r.name.removesuffix("_exact"): r.summary for r in runs(results, "recipe")
+             if r.step == "inference" and r.status == "ok"}
+    for r in trained:
+        s, e = r.summary, exact.get(r.name)
+        alone = f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
+        lines.append(f"| {r.name.removeprefix('recipe_seed')} | `{s['model']}` | {s['epochs']} | "
+                     f"**{s['test_accuracy']:.2%}** | {alone} |")
+    return lines + ["", f"Measured on {measured_on(results)}."]
+
+
+def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
+    """Minutes from launch to the last line. A training run cut to fewer steps than an epoch is completed at its
+    measured images/s: the minutes that one full epoch takes, with start-up and evaluation as measured."""
+    if not run or not run.wall_s:
+        return "-"
+    seconds = run.wall_s
+    if cut_to_steps and run.section == "steps":
+        s = run.summary
+        full_steps = TRAIN_SIZES[s["data"]] // s["global_batch_size"]
+        seconds += (full_steps - cut_to_steps) * s["global_batch_size"] / steady_images_per_s(s)
+    return f"{math.ceil(seconds / 60)} min"
+
+
+def path_table(results: dict) -> list:
+    """README's path through the steps, with the minutes each command took from launch to its last line."""
+    runs = {**ok_runs(results, "steps"), **ok_runs(results, "tune"), **ok_runs(results, "inference")}
+    cut = results.get("steps_per_epoch")
+    rows = [
+        ("[01](01-vanilla-pytorch-ddp/README.md)", "`train_single_machine.py`, then `train_ddp.py` under torchrun",
+         f"{epoch_minutes(runs.get('single_machine'), cut)} + {epoch_minutes(runs.get('ddp'), cut)}",
+         "the baseline, then everything plain DDP makes you write"),
+        ("[02](02-ray-train-ddp/README.md)", "`train_ray_ddp.py` (and a Ray Data variant)",
+         epoch_minutes(runs.get("ray_ddp"), cut), "what Ray Train takes off your hands, and what it does not"),
+        ("[03](03-ray-train-fsdp/README.md)", "`train_ray_fsdp.py`", epoch_minutes(runs.get("ray_fsdp"), cut),
+         "sharding with one argument (FSDP1)"),
+        ("[04](04-ray-train-fsdp2/README.md)", "`train_ray_fsdp2.py`", epoch_minutes(runs.get("ray_fsdp2"), cut),
+         "FSDP2 by hand: `fully_shard`, mixed precision, offload, sharded checkpoints"),
+        ("[05](05-ray-tune/README.md)", "`tune_ray_ddp.py`", epoch_minutes(runs.get("ray_tune"), cut),
+         "Ray Tune over step 02's loop, the Train V2 way"),
+        ("[06](06-ray-data-inference/README.md)", "`batch_inference.py`",
+         epoch_minutes(runs.get("inference_2_actors"), cut), "use the model: batch inference with Ray Data"),
+    ]
+    lines = ["| step | what you run | minutes, as below | the lesson |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    how = (f" The benchmark cut each training epoch to {cut} steps; the rest of the epoch is added at the run's "
+           f"measured images/s." if cut else "")
+    return lines + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"]
+
+
+COMPARED = [("ddp", "torchrun DDP (01)", "01-vanilla-pytorch-ddp/train_ddp.py"),
+            ("ray_ddp", "Ray DDP (02)", "02-ray-train-ddp/train_ray_ddp.py"),
+            ("ray_fsdp", "Ray FSDP1 (03)", "03-ray-train-fsdp/train_ray_fsdp.py"),
+            ("ray_fsdp2", "Ray FSDP2 (04)", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
+BY_HAND = {"ddp": "process group, sampler and `set_epoch`, DDP wrap, metric reduction, rank-0 output, launch "
+                  "on every node, rerun after a crash",
+           "ray_ddp": "`set_epoch`, metric reduction, a report on every rank",
+           "ray_fsdp": "as 02, plus the full-state gather for checkpoints",
+           "ray_fsdp2": "as 02, plus `fully_shard` per block, meta-device build, sharded checkpoints (DCP)"}
+FAULTS = {"ddp": "a crash stops every rank; rerun with `--resume` (tested)",
+          "ray_ddp": "the worker group restarts from the last checkpoint (tested)",
+          "ray_fsdp": "restarts from the last checkpoint (tested)",
+          "ray_fsdp2": "restarts, and resumes on another number of workers (tested)"}
+PREVIOUS = {"ddp": "01-vanilla-pytorch-ddp/train_single_machine.py", "ray_ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
+            "ray_fsdp": "02-ray-train-ddp/train_ray_ddp.py", "ray_fsdp2": "02-ray-train-ddp/train_ray_ddp.py"}
+
+
+def changed_lines(old: str, new: str) -> int:
+    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
+    return sum(1 for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+
+
+def comparison_table(results: dict) -> list:
+    """torchrun DDP, Ray DDP, Ray FSDP1 and FSDP2 side by side: every cell counted in the scripts, measured in the
+    steps and memory sections, or a behaviour the tests check."""
+    steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
+    lines = ["| | " + " | ".join(title for _, title, _ in COMPARED) + " |", "|---" * (len(COMPARED) + 1) + "|"]
+
+    def row(label, cell):
+        lines.append(f"| {label} | " + " | ".join(cell(name, script) for name, _, script in COMPARED) + " |")
+
+    row("lines in the script", lambda name, script: str(len((ROOT / script).read_text().splitlines())))
+    row("lines changed from the step before (`diff -u`)", lambda name, script: str(changed_lines(PREVIOUS[name],
+                                                                                                  script)))
+    row("what you write by hand", lambda name, script: BY_HAND[name])
+    row("fault tolerance", lambda name, script: FAULTS[name])
+
+    def state(name, script):
+        run = steps.get(name)
+        m = run.summary["memory_per_rank"][0] if run else None
+        return f"{sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')):,.1f} MB" if m else "-"
+    row("parameters + gradients + AdamW state per rank", state)
+
+    def giant(name, script):
+        run = memory.get({"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
+                          "ray_fsdp2": "memory_fsdp2_n2"}[name])
+        if run is None:
+            return "-"
+        if run.status != "ok":
+            return "does not fit" if run.status == "skipped" else "failed"
+        m = run.summary["memory_per_rank"][0]
+        return f"trained, {sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:,.1f} GiB per rank"
+    row("the largest preset on 2 workers", giant)
+    row("launch to first step", lambda name, script: f"{steps[name].launch_to_first_step_s:.1f} s"
+        if name in steps else "-")
+    row("training images/s, 2 processes", lambda name, script: f"{steady_images_per_s(steps[name].summary):,.0f}"
+        if name in steps else "-")
+    first = next(iter(steps.values())).summary if steps else {}
+    trained = epochs_trained(results, first) if first else "one epoch"
+    return lines + ["", f"{trained.capitalize()} of `{first.get('model')}`, global batch "
+                    f"{first.get('global_batch_size')}; the largest preset, `giant`, for one step. "
+                    f"Measured on {measured_on(results)}."]
+
+
+def local_mode_table(results: dict) -> list:
+    """Step 02 with Ray, and in Ray Train's local mode (one process; torchrun's), against torchrun DDP."""
+    steps = ok_runs(results, "steps")
+    lines = ["| run | processes | launch to first step | of it, before the training function | images/s |",
+             "|---|---|---|---|---|"]
+    for name in ("ray_ddp", "ray_ddp_local", "ray_ddp_local_torchrun", "ddp"):
+        if name in steps:
+            r = steps[name]
+            lines.append(f"| {RUN_NAMES[name]} | {r.summary['world_size']} | {r.launch_to_first_step_s:.1f} s | "
+                         f"{r.imports_s + r.summary['startup_s']['launcher']:.1f} s | "
+                         f"{steady_images_per_s(r.summary):,.0f} |")
+    return lines + ["", f"Measured on {measured_on(results)}."]
+
+
+def tune_sweep(results: dict) -> list:
+    lines = ["| searched flags | best validation accuracy | epochs run |", "|---|---|---|"]
+    for t in sorted(results["trials"], key=lambda t: -(t["best_accuracy"] or 0)):
+        best = f"**{t['best_accuracy']:.2%}**" if t is results["best"] or t["trial_id"] == results["best"][
+            "trial_id"] else f"{t['best_accuracy']:.2%}"
+        recipe_mark = " (trial 0, the recipe)" if t["trial_id"].endswith("00000") else ""
+        stopped = " (ASHA)" if t["stopped_early"] else ""
+        lines.append(f"| `{t['searched']}`{recipe_mark} | {best} | {t['epochs_run']}{stopped} |")
+    return lines + ["", f"{results['cluster']}; {results['wall_time_s']:.0f} s in all."]
+
+
+# --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
+
+SLIDE_RUN_NAMES = {
+    "single_machine": "01 one process",
+    "ddp": "01 torchrun DDP",
+    "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
+    "ray_ddp": "02 Ray DDP",
+    "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll",
+    "ray_ddp_local": "02 local mode",
+    "ray_ddp_local_torchrun": "02 local, torchrun",
+    "ray_ddp_data": "02 Ray Data",
+    "ray_fsdp": "03 FSDP1",
+    "ray_fsdp2": "04 FSDP2",
+    "ray_fsdp2_mp_offload": "04 bf16 + offload",
+}
+SLIDE_CORE_RUNS = ["single_machine", "ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2"]
+SLIDE_VARIANT_RUNS = ["ray_ddp_1_worker", "ray_ddp_local", "ray_ddp_local_torchrun", "ray_ddp_data",
+                      "ray_fsdp2_mp_offload"]  # five rows and a line under them fill a slide
+
+
+def slide_measured_on(results: dict) -> str:
+    """When and where, short enough for a line under a slide's table: the date (first, so that a line never breaks
+    inside it), then the processor's name without its family and model, the cores, RAM and GPUs."""
+    machine = re.sub(r" \(family [^)]*\)", "", results["machine"].split("; torch")[0])
+    return f"{results['date']}, {machine}"
+
+
+def slide_steps_rows(results: dict, names: list) -> list:
+    by_name = {r.name: r for r in runs(results, "steps")}
+    # "first step at": seconds from launch to the end of the first optimizer step (the steps table's "launch to
+    # first step"), a short heading that keeps five columns on a slide
+    lines = ["| run | processes | test accuracy | images/s | first step at |", "|---|---|---|---|---|"]
+    for name in [n for n in names if n in by_name]:
+        r, label = by_name[name], SLIDE_RUN_NAMES[name]
+        if r.status != "ok":
+            lines.append(f"| {label} | {r.workers} | {r.status} | | |")
+            continue
+        s = r.summary
+        lines.append(f"| {label} | {s['world_size']} | {s['test_accuracy']:.2%} | {steady_images_per_s(s):,.0f} | "
+                     f"{r.launch_to_first_step_s:.1f} s |")
+    return lines
+
+
+def slide_steps_footer(results: dict) -> str:
+    first = next(iter(ok_runs(results, "steps").values()), None)
+    what = (f"`{first.summary['model']}`, {epochs_trained(results, first.summary)}, global batch "
+            f"{first.summary['global_batch_size']}") if first else "the steps"
+    return f"{slide_measured_on(results)}: {what}"
+
+
+def steps_slide(results: dict) -> list:
+    """The steps table of the slides: the main path, one run per step."""
+    return slide_steps_rows(results, SLIDE_CORE_RUNS) + ["", slide_steps_footer(results)]
+
+
+def steps_variants_slide(results: dict) -> list:
+    """The same runs' variants: one worker, local mode, Ray Data, bf16 and offload."""
+    return slide_steps_rows(results, SLIDE_VARIANT_RUNS) + ["", slide_steps_footer(results)]
+
+
+def steps_findings_slide(results: dict) -> list:
+    """What the steps table says, as bullets: every number computed from the same runs."""
+    steps = ok_runs(results, "steps")
+    speed = {name: steady_images_per_s(r.summary) for name, r in steps.items()}
+    lines = []
+    same = [n for n in ("ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2") if n in steps]
+    if same:
+        accuracies = sorted({f"{steps[n].summary['test_accuracy']:.2%}" for n in same})
+        lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
+    if "ddp" in speed and "ray_ddp" in speed:
+        lines.append(f"- Ray DDP trains at {speed['ray_ddp'] / speed['ddp']:.2f} of torchrun DDP's images/s")
+    if "ray_ddp_1_worker" in speed and "ray_ddp" in speed:
+        lines.append(f"- 1 to 2 Ray workers: {speed['ray_ddp'] / speed['ray_ddp_1_worker']:.2f}x the images/s")
+    starts = [(label, steps[n].launch_to_first_step_s) for n, label in
+              [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]
+    if starts:
+        lines.append("- Launch to first step: " + ", ".join(f"{label} {s:.1f} s" for label, s in starts))
+    if not lines:
+        return ["Not measured yet."]
+    return lines + ["", f"{slide_measured_on(results)}: the runs of the steps table"]
+
+
+def memory_slide(results: dict) -> list:
+    """The memory lesson on a slide: DDP against FSDP2 on 1, 2 and 4 workers, state per rank and outcome."""
+    memory = {r.name: r for r in runs(results, "memory")}
+    full = memory.get("memory_ddp_n1")
+    full_state = (sum(full.summary["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
+                  if full and full.status == "ok" else None)
+    lines = ["| strategy | workers | state per rank | outcome |", "|---|---|---|---|"]
+    for n in sorted({r.workers for r in memory.values()}):
+        # One worker: FSDP2 holds what DDP does (its row is in the full table).
+        for name, strategy in [(f"memory_ddp_n{n}", "DDP")] + [(f"memory_fsdp2_n{n}", "FSDP2")] * (n > 1):
+            r = memory.get(name)
+            if r is None:
+                continue
+            if r.status == "ok":
+                m = r.summary["memory_per_rank"][0]
+                state = sum(m[k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
+                outcome = f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB"
+            else:
+                state = full_state if strategy == "DDP" else None  # DDP holds everything on every rank
+                need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
+                if r.status == "skipped":
+                    outcome = f"not started: {need.group(1)} > {need.group(2)} GiB" if need else "not started"
+                else:
+                    outcome = "killed: out of memory" if "OutOfMemory" in (r.error or "") else "failed"
+            shown = f"{state / 1024:.2f} GiB" if state is not None else "-"
+            lines.append(f"| {strategy} | {n} | {shown} | {outcome} |")
+    ok = [r for r in memory.values() if r.status == "ok"]
+    what = f"`{ok[0].summary['model']}`, one training step each" if ok else "the largest preset"
+    return lines + ["", f"{slide_measured_on(results)}: {what}"]
+
+
+DIFF_PAIRS = [("01 one process → torchrun DDP", "01-vanilla-pytorch-ddp/train_single_machine.py",
+               "01-vanilla-pytorch-ddp/train_ddp.py"),
+              ("01 torchrun DDP → 02 Ray Train DDP", "01-vanilla-pytorch-ddp/train_ddp.py",
+               "02-ray-train-ddp/train_ray_ddp.py"),
+              ("02 DataLoader → Ray Data", "02-ray-train-ddp/train_ray_ddp.py",
+               "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"),
+              ("02 DDP → 03 FSDP1", "02-ray-train-ddp/train_ray_ddp.py", "03-ray-train-fsdp/train_ray_fsdp.py"),
+              ("02 DDP → 04 FSDP2", "02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py"),
+              ("02 → 02 with MLflow tracking", "02-ray-train-ddp/train_ray_ddp.py",
+               "02-ray-train-ddp/train_ray_ddp_with_mlflow.py")]
+
+
+def diffs_slide(results: dict) -> list:
+    """The designed diffs and their size, counted in the scripts now (the results are not read)."""
+    lines = ["| the lesson | lines changed |", "|---|---|"]
+    for lesson, old, new in DIFF_PAIRS:
+        exists = (ROOT / old).is_file() and (ROOT / new).is_file()
+        lines.append(f"| {lesson} | {changed_lines(old, new) if exists else 'not written yet'} |")
+    return lines
+
+
+TABLES = {
+    "path": (STEPS, path_table),
+    "comparison": (STEPS, comparison_table),
+    "steps": (STEPS, steps_table),
+    "local-mode": (STEPS, local_mode_table),
+    "startup": (STEPS, startup_table),
+    "memory": (STEPS, memory_table),
+    "inference": (STEPS, inference),
+    "recipe": (RECIPE, recipe),
+    "tune-sweep": (TUNE, tune_sweep),
+    "steps-slide": (STEPS, steps_slide),
+    "steps-variants-slide": (STEPS, steps_variants_slide),
+    "steps-findings-slide": (STEPS, steps_findings_slide),
+    "memory-slide": (STEPS, memory_slide),
+    "diffs-slide": (STEPS, diffs_slide),
+}
+
+
+def render(name: str) -> str:
+    path, table = TABLES[name]
+    return "\n".join(table(load(path))) + "\n"
+
+
+def documents() -> list:
+    return sorted({p for pattern in DOCUMENTS for p in ROOT.glob(pattern)})
+
+
+def rewritten(text: str) -> str:
+    def fill(match):
+        opening, name, _, closing = match.groups()
+        if name not in TABLES:
+            raise SystemExit(f"error: no table named {name!r}; names: {', '.join(TABLES)}")
+        return opening + render(name) + closing
+    return REGION.sub(fill, text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a document differs")
+    args = parser.parse_args()
+    stale = []
+    for path in documents():
+        text = path.read_text()
+        new = rewritten(text)
+        if new != text:
+            stale.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        raise SystemExit(f"error: tables differ from their results.json in {', '.join(stale)}; "
+                         f"run python benchmarks/tables.py")
+    print(("stale: " if args.check else "rewrote: ") + (", ".join(stale) or "nothing"))
+
+
+if __name__ == "__main__":
+    main()
