@@ -27,6 +27,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 import torch
@@ -74,21 +75,28 @@ def main():
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     machine, commit = describe_machine(), describe_commit()  # at the start: the code that runs
-    planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_memory_runs(args) + plan_inference_runs(args)
+    # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
+    planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_inference_runs(args) + plan_memory_runs(args)
                + plan_recipe_runs(args))
     runs = [r for r in planned if selected(r, args.only)]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
                          f"{', '.join(r.name for r in planned)}")
     keep_checkpoints_read_later(runs)
-    memory_cluster = start_memory_cluster(args, runs)
+    memory_cluster = None
     for batch in batches_of_runs(runs):
+        if memory_cluster is None and batch[0].section == "memory":  # not before: the steps start their own Ray
+            memory_cluster = start_memory_cluster(args, runs)
         for run in batch:
             print(f"[{runs.index(run) + 1}/{len(runs)}] {run.name}: " + ("started" if len(batch) > 1 else ""),
                   end="\n" if len(batch) > 1 else "", flush=True)
         with ThreadPoolExecutor(len(batch)) as pool:  # one run at a time, but for the recipe's seeds
-            for run in pool.map(lambda run: execute_or_skip(run, args, memory_cluster, out), batch):
+            for run in pool.map(execute_or_skip, batch, repeat(args), repeat(memory_cluster), repeat(out)):
                 print((f"{run.name}: " if len(batch) > 1 else "") + outcome_line(run), flush=True)
+    if memory_cluster:
+        import ray
+
+        ray.shutdown()
     ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
                                              and not args.address for r in runs) else None
     results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
