@@ -106,10 +106,18 @@ def cluster_main_error(ray_driver, main_error, monkeypatch):
 def run(cmd, timeout=180, **kwargs):
     """Run a command from the repository root; return the CompletedProcess (text). A training step must name
     its --model: no test depends on the default preset, which is chosen for 10-epoch runs, not for tests."""
+    return subprocess.run(cmd, **command_options(cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start(cmd, stdout, stderr, env=None) -> subprocess.Popen:
+    """run(), in the background: the started process, writing to these files, with these variables added."""
+    return subprocess.Popen(cmd, **command_options(cmd, env), stdout=stdout, stderr=stderr, text=True)
+
+
+def command_options(cmd, env=None) -> dict:
     if any(str(part).endswith(TRAINING_STEPS) for part in cmd):
         assert "--model" in cmd, f"name the preset this test trains: {cmd}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
+    return dict(cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def python(script, *args, **kwargs):

@@ -20,15 +20,28 @@ Code on a slide is the scripts' code:
   defines (a `01-*` glob must name exactly one folder).
 
 Numbers on a slide are measured ones. A number in prose, bullets, tables, headings or presenter notes (not in
-code: neither code blocks nor `inline code`, which hold flag values, commands and code) must appear in
-README.md or in a file under benchmarks/published/, if it is a measurement-like number: one with a decimal
-point (42.55%, 0.887, 1.68x, 24.1 s, 7.60 GiB), one with a unit (%, x, s, ms, MB, GB, GiB, M, B, images/s),
-or an integer of 100 or more (266 images/s, 2,066 s). Integers below 100 without a unit (step numbers, "2
-workers", "10 epochs", the diff sizes below 100) are not checked, nor the minutes of the presenter notes.
+code: neither code blocks nor `inline code`, which hold flag values, commands and code; nor Marp's image syntax,
+`![w:1100](...)`, nor a link's target) must appear in README.md, benchmarks/README.md, a step's README.md or a
+file under benchmarks/published/, if it is a measurement-like number: one with a decimal point (42.55%, 0.887,
+1.68x, 24.1 s, 7.60 GiB), one with a unit (%, x, s, ms, MB, GB, GiB, M, B, images/s), or an integer of 100 or
+more (266 images/s, 2,066 s). Integers below 100 without a unit (step numbers, "2 workers", "10 epochs") are not
+checked, nor the minutes of the presenter notes. A table of results is a generated region instead, between
+`<!-- table: NAME -->` and `<!-- /table -->`: benchmarks/tables.py renders it from a published results.json and
+tests/test_tables.py fails when it differs, so its numbers are not checked here (NAME must be one of its TABLES).
+
+Pictures: an image on a slide is Marp's `![w:W](PATH)` or `![h:H](PATH)` (PATH relative to slides/), and the
+file exists. A diagram under slides/diagrams/ has its source beside it (NAME.py or NAME.dot, rendered by
+slides/diagrams/render.py). An image counts in the slide's height: H pixels (from h:, or from w: and the PNG's
+own proportions) plus IMAGE_EXTRA, measured in Chromium, and it is at most as wide as the text.
+
+The talk and its appendix: a divider slide titled exactly "Appendix" ends the core talk, whose minutes add up to at
+most CORE_MINUTES. Every slide after it is a deep dive that a core slide links to (a Markdown link to Marp's page
+anchor, `[ring all-reduce](#52)`, which works in the HTML and in the PDF; in a `_footer` directive or in the
+slide's text), and it links back to a core slide that links to it, so a renumbered deck fails here.
 
 Presenter notes: Marp shows every HTML comment that is not a directive as a presenter note. Every slide has
-at least one note (besides the code attributions) that says how long the slide takes: "~N min". Their
-total is stated in slides/README.md.
+at least one note (besides the code attributions) that says how long the slide takes: "~N min". The total of
+the core and that of the appendix are stated in slides/README.md.
 
 The budget: Marp's default theme shrinks a code block whose longest line is wider than the slide (measured:
 at 1280x720, 72 columns fit at full size, 75 are shrunk to 0.98), and a slide whose content is taller than
@@ -51,9 +64,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import ROOT
+from PIL import Image
+
+from conftest import ROOT, load_script
 
 DECK = ROOT / "slides/workshop.md"
+SLIDES_DIR = ROOT / "slides"
+CORE_MINUTES = 80  # the core talk, before the "Appendix" divider
+APPENDIX = "Appendix"
 MAX_CODE_COLUMNS = 72
 MAX_CODE_LINES = 14
 SLIDE_HEIGHT = 563  # px: 720 minus the default theme's top and bottom padding
@@ -67,12 +85,18 @@ LIST_WIDTH, TEXT_WIDTH = 1065, 1123  # a bullet's text, a paragraph's
 CODE_LINE, CODE_PADDING_Y = 28.35, 34.3
 ROW_HEIGHT, CELL_PADDING = 57, 26  # a table row of one line; the padding of each cell
 WRAP_MARGIN = 0.95  # text wraps at a word: count a line as full a little early
+# An image of height H on its own line: a paragraph H + IMAGE_EXTRA high (measured: a one-line title and an image
+# take H + 100 px, the title being H1_LINE + H1_PADDING and a GAP).
+IMAGE_EXTRA = 12
 
 MARP_DIRECTIVES = {"theme", "style", "headingDivider", "size", "math", "title", "description", "author", "image",
                    "keywords", "url", "marp", "paginate", "header", "footer", "class", "backgroundColor",
                    "backgroundImage", "backgroundPosition", "backgroundRepeat", "backgroundSize", "color", "lang"}
 MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
 NUMBER = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)(?![\d])")
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")  # Marp: ![w:1100](diagrams/ddp.png)
+LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
+REGION_START, REGION_END = re.compile(r"table: ([\w-]+)"), "/table"
 UNIT = re.compile(r"\s?(%|x(?![\w])|s\b|ms\b|MB\b|GB\b|GiB\b|M\b|B\b|images/s|img/s)")
 
 
@@ -91,6 +115,20 @@ class Slide:
     prose: list = field(default_factory=list)  # markdown lines outside code blocks and comments
     blocks: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # presenter notes: comments that are neither directives nor sources
+    generated: set = field(default_factory=set)  # indices into prose of the lines in <!-- table: NAME --> regions
+    regions: list = field(default_factory=list)  # the NAMEs of those regions
+    footer: str = ""  # a `_footer` (or `footer`) directive's text
+
+    @property
+    def images(self) -> list:
+        """(directive, path) of every image in the slide's text: `![w:1100](diagrams/ddp.png)`."""
+        return [m.groups() for line in self.prose for m in IMAGE.finditer(line)]
+
+    @property
+    def links(self) -> list:
+        """The slide numbers that the slide's text and footer link to (`[text](#N)`)."""
+        return [int(target[1:]) for line in self.prose + [self.footer] for _, target in LINK.findall(line)
+                if re.fullmatch(r"#\d+", target)]
 
 
 def parse_deck(text: str) -> list:
@@ -100,6 +138,7 @@ def parse_deck(text: str) -> list:
     end = lines.index("---", 1)
     slides, slide, i = [], Slide(1), end + 1
     attribution = None  # the last comment, if nothing but blank lines came after it
+    in_region = False  # between <!-- table: NAME --> and <!-- /table -->
     while i < len(lines):
         line = lines[i]
         if line.startswith("```"):
@@ -119,6 +158,13 @@ def parse_deck(text: str) -> list:
             attribution = None
             if re.fullmatch(r"(code|diff):.*", content):
                 attribution = content
+            elif region := REGION_START.fullmatch(content):
+                slide.regions.append(region.group(1))
+                in_region = True
+            elif content == REGION_END:
+                in_region = False
+            elif re.fullmatch(r"_?footer:.*", content, flags=re.S):
+                slide.footer = content.split(":", 1)[1].strip().strip("\"'")
             elif not re.fullmatch(r"_?(\w+):.*", content) or content.lstrip("_").split(":")[0] not in MARP_DIRECTIVES:
                 slide.notes.append(content)
         elif line == "---":
@@ -126,6 +172,8 @@ def parse_deck(text: str) -> list:
             slide, attribution = Slide(slide.number + 1), None
         elif line.strip():
             slide.prose.append(line)
+            if in_region:
+                slide.generated.add(len(slide.prose) - 1)
             slide.title = slide.title or line.lstrip("# ").strip()
             attribution = None
         i += 1
@@ -135,6 +183,8 @@ def parse_deck(text: str) -> list:
 
 SLIDES = parse_deck(DECK.read_text())
 BLOCKS = [(slide, block) for slide in SLIDES for block in slide.blocks]
+DIVIDER = next((slide.number for slide in SLIDES if slide.title == APPENDIX), len(SLIDES) + 1)
+CORE, APPENDIX_SLIDES = SLIDES[:DIVIDER - 1], SLIDES[DIVIDER:]
 
 
 def slide_id(slide) -> str:
@@ -361,7 +411,10 @@ def test_commands_run_scripts_that_exist_with_flags_they_define(slide, block):
 # --- numbers ---------------------------------------------------------------------------------------------------
 
 def without_code(text: str) -> str:
-    return re.sub(r"`[^`]*`", " ", text)
+    """The text without inline code, without Marp's images (`![w:1100](...)`: a size, not a measurement) and with
+    each link shown as its text (`[more](#52)`: a slide number)."""
+    text = IMAGE.sub(" ", re.sub(r"`[^`]*`", " ", text))
+    return LINK.sub(r"\1", text)
 
 
 def measured_numbers(text: str) -> list:
@@ -376,7 +429,8 @@ def measured_numbers(text: str) -> list:
 
 
 def published_numbers() -> set:
-    sources = [ROOT / "README.md", *sorted(p for p in (ROOT / "benchmarks/published").rglob("*") if p.is_file())]
+    sources = [ROOT / "README.md", ROOT / "benchmarks/README.md", *sorted(ROOT.glob("0*/README.md")),
+               *sorted(p for p in (ROOT / "benchmarks/published").rglob("*") if p.is_file())]
     numbers = set()
     for path in sources:
         try:
@@ -391,13 +445,16 @@ def test_every_measured_number_on_a_slide_is_in_the_readme_or_the_published_benc
     published = published_numbers()
     unpublished = []
     for slide in SLIDES:
-        texts = slide.prose + [MINUTES.sub(" ", note) for note in slide.notes]
+        # A generated region's numbers are rendered from a results.json: tests/test_tables.py checks them.
+        texts = [line for i, line in enumerate(slide.prose) if i not in slide.generated]
+        texts += [MINUTES.sub(" ", note) for note in slide.notes]
         for text in texts:
             for number in measured_numbers(text):
                 value = re.match(r"[\d,.]+", number).group().replace(",", "")
                 if value not in published:
                     unpublished.append(f"slide {slide_id(slide)}: {number}")
-    assert not unpublished, "numbers in neither README.md nor benchmarks/published/:\n" + "\n".join(unpublished)
+    assert not unpublished, "numbers in none of README.md, benchmarks/README.md, the steps' READMEs and " \
+                            "benchmarks/published/:\n" + "\n".join(unpublished)
 
 
 def test_the_number_check_sees_what_it_should():
@@ -405,6 +462,26 @@ def test_the_number_check_sees_what_it_should():
         ["42.55%", "0.887", "1.68x", "24.1 s", "266 images/s", "7.60 GiB", "2,066 s"]
     assert measured_numbers("step 02, FSDP2, 2 workers, 10 epochs, CIFAR-10, 3x3 convs, `--epochs 100`") == []
     assert measured_numbers("Ray 2.60, 57 lines, 122 lines") == ["2.60", "122"]
+    assert measured_numbers("![w:1100](diagrams/ddp.png) ![h:400](../benchmarks/published/x/y.png)") == []
+    assert measured_numbers("[ring all-reduce](#152), [2.41M parameters](#3)") == ["2.41M"]
+
+
+def test_generated_regions_are_tables_that_benchmarks_tables_py_renders():
+    """Their numbers are left to tests/test_tables.py, which renders every region again from its results.json."""
+    names = load_script("benchmarks/tables.py").TABLES
+    for slide in SLIDES:
+        for name in slide.regions:
+            assert name in names, f"slide {slide_id(slide)}: no table {name!r} in benchmarks/tables.py's TABLES"
+
+
+def test_the_parser_sees_regions_images_footers_and_links():
+    deck = parse_deck("---\nmarp: true\n---\n\n# A\n\n<!-- _footer: \"More: [ring](#2)\" -->\n\n![h:300](x.png)\n\n"
+                      "<!-- table: steps-slide -->\n| a | 1.5% |\n<!-- /table -->\n\n<!--\n~2 min\n-->\n\n---\n\n"
+                      "# B\n\n[back](#1)\n\n<!-- ~1 min -->\n")
+    a, b = deck
+    assert (a.footer, a.links, a.images, a.regions, [a.prose[i] for i in a.generated]) == \
+        ("More: [ring](#2)", [2], [("h:300", "x.png")], ["steps-slide"], ["| a | 1.5% |"])
+    assert a.notes == ["~2 min"] and b.links == [1] and minutes(a) == 2
 
 
 # --- presenter notes -------------------------------------------------------------------------------------------
@@ -419,11 +496,38 @@ def test_every_slide_has_presenter_notes_with_its_minutes(slide):
     assert minutes(slide) > 0, f"slide {slide_id(slide)}: no '~N min' in its presenter notes"
 
 
+def test_the_core_talk_fits_its_time_and_an_appendix_follows_it():
+    dividers = [slide for slide in SLIDES if slide.title == APPENDIX]
+    assert len(dividers) == 1, f"one divider slide titled exactly {APPENDIX!r} ends the core talk"
+    core = sum(minutes(slide) for slide in CORE)
+    assert core <= CORE_MINUTES, f"the core talk's notes add up to {core:g} minutes, more than {CORE_MINUTES}: " \
+                                 f"move a deep dive into the appendix"
+    assert APPENDIX_SLIDES, "the appendix holds the deep dives"
+
+
 def test_slides_readme_states_the_total_of_the_minutes():
-    total = sum(minutes(slide) for slide in SLIDES)
-    readme = (ROOT / "slides/README.md").read_text()
-    assert f"about {total:g} minutes" in readme, f"slides/README.md should say the notes add up to about {total:g} " \
-                                                  f"minutes"
+    core = sum(minutes(slide) for slide in CORE)
+    appendix = sum(minutes(slide) for slide in SLIDES[DIVIDER - 1:])
+    readme = " ".join((ROOT / "slides/README.md").read_text().lower().split())
+    for said in (f"the core talk's notes add up to about {core:g} minutes",
+                 f"the appendix's (the divider included) to about {appendix:g} minutes"):
+        assert said in readme, f"slides/README.md should say: {said!r}"
+
+
+def test_every_link_to_a_slide_names_one_that_exists():
+    for slide in SLIDES:
+        for target in slide.links:
+            assert 1 <= target <= len(SLIDES), f"slide {slide_id(slide)}: a link to slide {target}, the deck has " \
+                                               f"{len(SLIDES)}"
+
+
+@pytest.mark.parametrize("slide", APPENDIX_SLIDES, ids=slide_id)
+def test_every_appendix_slide_is_linked_from_the_core_slide_it_deepens_and_back(slide):
+    linked_from = [core.number for core in CORE if slide.number in core.links]
+    assert linked_from, f"slide {slide_id(slide)}: no core slide links to it ([text](#{slide.number}))"
+    assert set(slide.links) & set(linked_from), \
+        f"slide {slide_id(slide)}: link back to a core slide that links to it (one of {linked_from}); " \
+        f"it links to {slide.links}: was the deck renumbered?"
 
 
 def test_the_first_content_slide_is_what_to_install_before_the_workshop():
@@ -433,6 +537,51 @@ def test_the_first_content_slide_is_what_to_install_before_the_workshop():
     for needed in ("Python 3.10", "pip install -r requirements.txt", "--data-dir", "cifar10_train.npz",
                    "cifar10_test.npz", "--data synthetic"):
         assert needed in text, f"the install slide does not say {needed!r}"
+
+
+# --- pictures --------------------------------------------------------------------------------------------------
+
+IMAGES = [(slide, directive, path) for slide in SLIDES for directive, path in slide.images]
+
+
+def image_size(directive: str, path: str) -> tuple:
+    """The width and height (CSS pixels) at which Marp shows an image: `w:W` or `h:H`, the other side from the
+    PNG's proportions (an `h:` image that does not exist yet is given its height alone, and width 0)."""
+    sizes = dict(re.findall(r"\b([wh]):(\d+)", directive))
+    assert sizes, f"{path}: give Marp a size, ![w:1100]({path}) or ![h:400]({path}); a PNG's own size is 2x"
+    file = SLIDES_DIR / path
+    if "w" in sizes and "h" in sizes:
+        return int(sizes["w"]), int(sizes["h"])
+    if not file.is_file():
+        assert "h" in sizes, f"{path} does not exist: its height is unknown from w: alone"
+        return 0, int(sizes["h"])
+    with Image.open(file) as image:
+        width, height = image.size
+    if "w" in sizes:
+        return int(sizes["w"]), int(sizes["w"]) * height / width
+    return int(sizes["h"]) * width / height, int(sizes["h"])
+
+
+@pytest.mark.parametrize("slide, directive, path", IMAGES, ids=[f"{slide_id(s)}: {p}" for s, _, p in IMAGES])
+def test_every_image_on_a_slide_exists_and_fits_the_width(slide, directive, path):
+    assert (SLIDES_DIR / path).is_file(), f"slide {slide_id(slide)}: no image slides/{path}"
+    width, _ = image_size(directive, path)
+    assert width <= TEXT_WIDTH, f"slide {slide_id(slide)}: {path} is {width:.0f} px wide at {directive}, the " \
+                                f"slide's text {TEXT_WIDTH}"
+
+
+def test_every_diagram_the_deck_uses_has_its_source_beside_it():
+    for slide, _, path in IMAGES:
+        file = (SLIDES_DIR / path).resolve()
+        if file.parent == (SLIDES_DIR / "diagrams").resolve():
+            sources = [file.with_suffix(suffix) for suffix in (".py", ".dot")]
+            assert any(source.is_file() for source in sources), \
+                f"slide {slide_id(slide)}: {path} has no source beside it ({file.stem}.py or {file.stem}.dot)"
+
+
+def test_the_deck_shows_pictures():
+    diagrams = {path for _, _, path in IMAGES if path.startswith("diagrams/")}
+    assert len(diagrams) >= 5, f"the deck shows {len(diagrams)} of the diagrams in slides/diagrams/"
 
 
 # --- the budget ------------------------------------------------------------------------------------------------
@@ -451,7 +600,7 @@ def wrapped(px: float, width: float) -> int:
 
 def estimated_height(slide) -> float:
     """The height of the slide's content in pixels: its blocks, and a GAP between two blocks."""
-    blocks, previous = [], None
+    blocks, tables, previous = [], [], None
     for line in slide.prose:
         stripped = line.strip()
         item = re.match(r"(\s*)([-*]|\d+\.)\s+(.*)", line)
@@ -467,9 +616,15 @@ def estimated_height(slide) -> float:
             if re.fullmatch(r"\|[\s:|-]+\|", stripped):
                 continue
             cells = [c.strip() for c in stripped.strip("|").split("|")]
-            px = sum(text_px(c) + CELL_PADDING for c in cells)
-            height = ROW_HEIGHT + (wrapped(px, TEXT_WIDTH) - 1) * TEXT_LINE
-            blocks[-1:] = [blocks[-1] + height] if previous == "table" else blocks[-1:] + [height]
+            if previous == "table":
+                tables[-1].append(cells)
+            else:
+                tables.append([cells])
+                blocks.append(tables[-1])  # its height, once all its rows are in
+
+        elif IMAGE.fullmatch(stripped):
+            kind = "image"
+            blocks.append(image_size(*IMAGE.fullmatch(stripped).groups())[1] + IMAGE_EXTRA)
         elif item:
             kind = "list"
             height = wrapped(text_px(item.group(3)), LIST_WIDTH - 40 * len(item.group(1)) // 2) * TEXT_LINE
@@ -478,8 +633,35 @@ def estimated_height(slide) -> float:
             kind = "paragraph"
             blocks.append(wrapped(text_px(stripped), TEXT_WIDTH) * TEXT_LINE)
         previous = kind
+    blocks = [table_height(block) if isinstance(block, list) else block for block in blocks]
     blocks += [len(block.lines) * CODE_LINE + CODE_PADDING_Y for block in slide.blocks]
     return sum(blocks) + GAP * (len(blocks) - 1)
+
+
+def table_height(rows: list) -> float:
+    """A table's height: ROW_HEIGHT a row, and a TEXT_LINE more for each line its tallest cell wraps onto. Chromium
+    makes each column as wide as its widest cell; when the columns do not fit side by side, each gets a share of
+    the width in proportion to its widest cell, and a cell wider than its share wraps (header cells too)."""
+    widths = [[text_px(cell) for cell in row] for row in rows]
+    columns = [max(row[i] for row in widths if i < len(row)) + CELL_PADDING for i in range(max(map(len, widths)))]
+    share = min(1.0, TEXT_WIDTH * WRAP_MARGIN / sum(columns))
+    height = 0.0
+    for row in widths:
+        lines = [1 if share == 1 else math.ceil(px / (columns[i] * share - CELL_PADDING)) for i, px in enumerate(row)]
+        height += ROW_HEIGHT + (max(lines) - 1) * TEXT_LINE
+    return height
+
+
+def test_the_height_estimate_counts_pictures_and_tables_that_wrap():
+    def height(body):
+        return estimated_height(parse_deck(f"---\nmarp: true\n---\n\n# T\n\n{body}\n\n<!-- ~1 min -->\n")[0])
+    title = H1_LINE + H1_PADDING
+    assert height("![h:400](diagrams/ddp.png)") == title + GAP + 400 + IMAGE_EXTRA
+    assert height("![w:1100](diagrams/ddp.png)") == pytest.approx(title + GAP + 450 + IMAGE_EXTRA)  # 2200x900
+    assert height("| a | b |\n|---|---|\n| 1 | 2 |") == title + GAP + 2 * ROW_HEIGHT
+    row = "| " + " | ".join(["a long column heading"] * 5) + " |"
+    wide = f"{row}\n|---|---|---|---|---|\n| " + " | ".join("x" * 5) + " |"
+    assert height(wide) > title + GAP + 2 * ROW_HEIGHT  # too wide for the slide: the headings wrap
 
 
 @pytest.mark.parametrize("slide", SLIDES, ids=slide_id)

@@ -1,20 +1,15 @@
 """Step 01: the single-machine baseline and hand-written DDP under torchrun (gloo, CPU)."""
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from common import build_model, count_params
-from conftest import (ACCUMULATE, ROUNDING, ROOT, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
-                      collectives_per_step, final_json, free_port, load_weights, profile_summary, python, torchrun)
+from conftest import (ACCUMULATE, ROUNDING, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
+                      collectives_per_step, final_json, load_weights, profile_summary, python, torchrun)
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
 
-@pytest.mark.smoke
 def test_single_machine_trains_and_reports(single_run):
     summary, checkpoint_dir, result = single_run
     assert_sane_summary(summary, "single_machine", world_size=1)
@@ -87,25 +82,6 @@ def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp
     resumed = torchrun(DDP, 2, *flags, "--resume")
     assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
     assert_same_weights(load_weights(ddp_run[1]), load_weights(tmp_path))
-
-
-@pytest.mark.smoke
-def test_multinode_launcher_joins_two_nodes(tmp_path):
-    """Two 'nodes' on localhost, one process each, rendezvous through node 0's endpoint."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    launch = [str(ROOT / "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"), "--nnodes", "2", "--endpoint", endpoint,
-              "--nproc-per-node", "1"]
-    train_flags = ["--", *SMOKE, "--checkpoint-dir", str(tmp_path)]
-    # this venv's torchrun; one thread per process, as the other tests: the two "nodes" share this machine's 2 cores
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(["bash", *launch, "--node-rank", str(rank), *train_flags], cwd=ROOT, env=env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
-    outputs = [node.communicate(timeout=180) for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    summary = final_json(subprocess.CompletedProcess([], 0, outputs[0][0], outputs[0][1]))
-    assert summary["world_size"] == 2
-    assert outputs[1][0].strip() == ""  # node 1 holds rank 1 only: it prints nothing
-    assert (tmp_path / "checkpoint.pt").exists()
 
 
 def test_batch_that_does_not_split_over_ranks_is_one_line_from_rank_0_only():
