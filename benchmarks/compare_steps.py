@@ -350,6 +350,8 @@ def steady_images_per_s(summary: dict) -> float:
 
 
 def outcome_line(run: Run) -> str:
+    if run.status == "skipped":
+        return f"skipped: {run.skipped}"
     if run.status != "ok":
         return f"FAILED ({run.error})"
     s = run.summary

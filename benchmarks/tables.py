@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_steps import Run, inference_table, memory_markdown, steady_images_per_s  # noqa: E402
+from profile_steps import results_markdown as profile_markdown  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
 
@@ -32,6 +33,7 @@ PUBLISHED = ROOT / "benchmarks" / "published"
 STEPS = PUBLISHED / "steps" / "results.json"
 RECIPE = PUBLISHED / "recipe" / "results.json"
 TUNE = PUBLISHED / "tune-sweep" / "results.json"
+PROFILE = PUBLISHED / "profile" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "slides/workshop.md", "TROUBLESHOOTING.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
@@ -112,6 +114,13 @@ def memory_table(results: dict) -> list:
 
 def inference(results: dict) -> list:
     return inference_table(runs(results, "inference")) + ["", f"Measured on {measured_on(results)}."]
+
+
+def profile(results: dict) -> list:
+    """Where each profiled optimizer step's time went, per strategy and rank."""
+    table = [line for line in profile_markdown(results).splitlines() if line.startswith("|")]
+    return table + ["", f"Milliseconds per optimizer step, the mean of {results['profile_steps']} profiled steps; "
+                        f"measured on {results['machine']}; {results['date']}."]
 
 
 def recipe(results: dict) -> list:
@@ -216,7 +225,9 @@ def comparison_table(results: dict) -> list:
         if run is None:
             return "-"
         if run.status != "ok":
-            return "does not fit" if run.status == "skipped" else "failed"
+            if run.status == "skipped":
+                return "does not fit"
+            return "killed: out of memory" if "OutOfMemory" in (run.error or "") else "failed"
         m = run.summary["memory_per_rank"][0]
         return f"trained, {sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:,.1f} GiB per rank"
     row("the largest preset on 2 workers", giant)
@@ -399,6 +410,7 @@ TABLES = {
     "memory": (STEPS, memory_table),
     "inference": (STEPS, inference),
     "recipe": (RECIPE, recipe),
+    "profile": (PROFILE, profile),
     "tune-sweep": (TUNE, tune_sweep),
     "steps-slide": (STEPS, steps_slide),
     "steps-variants-slide": (STEPS, steps_variants_slide),
@@ -409,7 +421,11 @@ TABLES = {
 
 
 def render(name: str) -> str:
+    """The table, or, until its results.json is published, a line that says so."""
     path, table = TABLES[name]
+    if not path.is_file():
+        return (f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in "
+                f"benchmarks/README.md, section Maintainers.\n")
     return "\n".join(table(load(path))) + "\n"
 
 
