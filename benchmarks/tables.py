@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_steps import Run, inference_table, memory_markdown, steady_images_per_s  # noqa: E402
+from compare_steps import Run, inference_table, memory_markdown, recipe_table, steady_images_per_s  # noqa: E402
 from profile_steps import results_markdown as profile_markdown  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
@@ -124,17 +124,8 @@ def profile(results: dict) -> list:
 
 
 def recipe(results: dict) -> list:
-    """The steps' defaults for 10 epochs, two seeds; the seconds per epoch of the steps section's run."""
-    lines = ["| seed | model | epochs | test accuracy | on the first test images alone |", "|---|---|---|---|---|"]
-    trained = [r for r in runs(results, "recipe") if r.step != "inference"]
-    exact = {r.name.removesuffix("_exact"): r.summary for r in runs(results, "recipe")
-             if r.step == "inference" and r.status == "ok"}
-    for r in trained:
-        s, e = r.summary, exact.get(r.name)
-        alone = f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
-        lines.append(f"| {r.name.removeprefix('recipe_seed')} | `{s['model']}` | {s['epochs']} | "
-                     f"**{s['test_accuracy']:.2%}** | {alone} |")
-    return lines + ["", f"Measured on {measured_on(results)}."]
+    """The steps' defaults for 10 epochs, two seeds: compare_steps' own recipe table."""
+    return recipe_table(runs(results, "recipe")) + ["", f"Measured on {measured_on(results)}."]
 
 
 def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
