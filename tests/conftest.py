@@ -33,6 +33,9 @@ PROFILE = ["--profile-steps", "2"]
 # is a tenth of one step at lr 1e-3. Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32
 # images, 12 steps at lr 2e-3). Runs on 2 ranks each (torchrun DDP, Ray DDP, FSDP1) end equal bit for bit.
 ROUNDING = 1e-4
+# No usage report from the tests' Ray (this machine may be offline), and no actor started in every Ray Data run to
+# collect one: a process fewer for the 2 cores.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def load_script(path: str):
@@ -135,6 +138,9 @@ def ray_cluster():
     one CPU each, so every 2-worker run really spans two nodes. Yields the address scripts attach to."""
     from ray.cluster_utils import Cluster
 
+    # Ray starts its workers at nice 15; at 0 they come before the smoke tier's background runs (nice 19), whose
+    # time the cluster's runs, one after another, would otherwise share.
+    os.environ["RAY_worker_niceness"] = "0"
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
