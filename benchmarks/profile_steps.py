@@ -27,7 +27,7 @@ from common import PRESETS  # noqa: E402
 from common.model import DEFAULT_PRESET  # noqa: E402
 from common.profiling import (PHASES, WARMUP_STEPS, load_trace, profiled_steps,  # noqa: E402
                               step_parts)
-from compare_steps import SCRIPTS, describe_machine, last_error_line  # noqa: E402
+from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line  # noqa: E402
 
 VARIANTS = {  # name: (step, flags, title)
     "ddp": ("ray_ddp", [], "DDP (step 02)"),
@@ -50,7 +50,7 @@ def main():
     (out / "logs").mkdir(parents=True, exist_ok=True)
     variants = [name for name in VARIANTS if not args.only or name in args.only]
     results = dict(machine=describe_machine(), date=time.strftime("%Y-%m-%d"),
-                   command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                   command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), commit=describe_commit(),
                    warmup_steps=WARMUP_STEPS, profile_steps=args.profile_steps, variants=[])
     for i, name in enumerate(variants, 1):
         print(f"[{i}/{len(variants)}] {name}: ", end="", flush=True)
@@ -130,15 +130,15 @@ def copy_traces(summary_path: Path, to: Path) -> list:
 def results_markdown(results: dict) -> str:
     lines = [f"# Profiled training steps ({results['date']})", "",
              f"Machine: {results['machine']}", "",
-             f"Command: `python benchmarks/{results['command']}`", "",
+             f"Command: `python benchmarks/{results['command']}` (code: commit {results['commit']})", "",
              "Load average when each run started (other work on the machine slows it): " +
              ", ".join(f"{v['name']} {v['load_average']:.1f}" for v in results["variants"]), "",
              f"Milliseconds per optimizer step: the mean of {results['profile_steps']} steps after "
-             f"{results['warmup_steps']} warm-up steps. Communication: calls x ms of each "
-             "collective per step, as gloo's threads ran them (waits for the other rank included). "
+             f"{results['warmup_steps']} warm-up steps. Communication: each collective's calls per step "
+             "and their milliseconds in all, as gloo's threads ran them (waits for the other rank included). "
              "Overlapped: the communication time during which the training thread computed.", "",
              "| variant | rank | step | forward | backward | optimizer | other "
-             "| communication (calls x ms) | overlapped |", "|---|---|---|---|---|---|---|---|---|"]
+             "| communication per step | overlapped |", "|---|---|---|---|---|---|---|---|---|"]
     for v in results["variants"]:
         if v["status"] != "ok":
             lines.append(f"| {v['title']} | | {v['error']} | | | | | | |")
@@ -149,7 +149,7 @@ def results_markdown(results: dict) -> str:
 
 def markdown_row(title: str, rank: dict) -> str:
     m = rank["mean"]
-    calls = "; ".join(f"{kind} {c['calls']:g} x {c['ms']:.1f}"
+    calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms"
                       for kind, c in m["collectives"].items())
     share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
     phases = " | ".join(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES)
@@ -173,7 +173,7 @@ def draw_timeline(variants: list, out: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(variants), 1, figsize=(13, 1.6 + 1.6 * len(variants)), sharex=True,
+    fig, axes = plt.subplots(len(variants), 1, figsize=(16, 1.3 + 1.3 * len(variants)), sharex=True,
                              squeeze=False)
     for ax, variant in zip(axes[:, 0], variants, strict=True):
         draw_variant(ax, variant, out)
@@ -183,7 +183,7 @@ def draw_timeline(variants: list, out: Path) -> Path:
         Patch(color=c, label=k.replace("_", "-")) for k, c in KIND_COLORS.items() if k in kinds]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=11, frameon=False)
     fig.text(0.5, 0.01, CAPTION, ha="center", fontsize=10, color="#444444")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.035, 1, 0.95))
     path = out / "timeline.png"
     fig.savefig(path, dpi=120)
     return path

@@ -283,14 +283,14 @@ def summary_table(summary: dict, folder: Path) -> str:
         calls = [m["collectives"].get(kind, dict(calls=0, ms=0)) for kind in kinds]
         overlapped = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
         rows.append([str(r["rank"])] + [f"{m[f'{phase}_ms']:.1f}" for phase in PHASES] +
-                    [f"{c['calls']:g} x {c['ms']:.1f}" for c in calls] +
+                    [f"{c['calls']:g} calls, {c['ms']:.1f}" for c in calls] +
                     [f"{m['communication_ms']:.1f}", f"{overlapped:.0%}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
              for row in rows]
     title = (f"profile: {summary['profiled_steps']} optimizer steps after "
              f"{summary['warmup_steps']} warm-up steps, ms per step (mean); "
-             "collectives: calls x ms, waits included")
+             "collectives: calls and their ms in all, waits included")
     where = f"traces (ui.perfetto.dev, chrome://tracing): {folder}/rank<r>.json.gz; summary.json"
     return "\n".join([title, *table, where])
 
