@@ -1,7 +1,7 @@
 """Runs the workshop's steps side by side with identical settings; writes a results table and plots.
 
     python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
-    python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, 2 seeds
+    python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
 
 Four sections. "steps" runs every step script with the same model, data, global batch, epochs and
 workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
@@ -9,7 +9,7 @@ workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N wo
 workers, with and without CPU offload, and tabulates each rank's own memory report. "inference"
 runs step 06 with 1 and 2 Ray Data actors on the checkpoint of the steps section's single-machine
 run. "recipe" (only when asked for) trains step 01 with the steps' defaults for --recipe-epochs
-with two seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
+with each of --recipe-seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
 given). A run this machine cannot do is listed as skipped, with the reason. Every number comes from
 the final JSON line the scripts print; each run's full output is kept in <out>/logs/, and the
 machine, the date and the commit in <out>/results.json.
@@ -148,6 +148,8 @@ def parse_args():
     p.add_argument("--inference-checkpoint", default=None,
                    help="inference section: the checkpoint step 06 reads (default: the single-machine run's)")
     p.add_argument("--recipe-epochs", type=int, default=10, help="recipe section: epochs of each seed's run")
+    p.add_argument("--recipe-seeds", type=int, nargs="+", default=[0, 1],
+                   help="recipe section: a run per seed, side by side, the cores shared out between them")
     p.add_argument("--exact-test-images", type=int, default=None,
                    help="recipe section: also score each checkpoint on the first N test images alone")
     p.add_argument("--only", nargs="+", default=[],
@@ -221,19 +223,19 @@ def plan_inference_runs(args) -> list:
 
 
 def plan_recipe_runs(args) -> list:
-    """The steps' defaults (the recipe) for --recipe-epochs, seeds 0 and 1 side by side, one thread each (their
-    epoch times are not the recipe's speed: the steps section's single-machine run is), then step 06 on each
-    checkpoint's first --exact-test-images."""
-    runs = []
-    for seed in (0, 1):
+    """The steps' defaults (the recipe) for --recipe-epochs, one run per --recipe-seeds side by side, the cores
+    shared out between them (their epoch times are not the recipe's speed: the steps section's single-machine
+    run is), then step 06 on each checkpoint's first --exact-test-images."""
+    runs, threads = [], max(1, (os.cpu_count() or 1) // len(args.recipe_seeds))
+    for seed in args.recipe_seeds:
         checkpoint = str(KEPT_CHECKPOINTS / f"recipe_seed{seed}")
         runs.append(Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
                         ["--epochs", str(args.recipe_epochs), "--seed", str(seed)], checkpoint_dir=checkpoint,
-                        env={"OMP_NUM_THREADS": "1"}, side_by_side=True))
+                        env={"OMP_NUM_THREADS": str(threads)}, side_by_side=True))
     if args.exact_test_images:
         runs += [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
                      ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
-                      str(args.exact_test_images)]) for seed in (0, 1)]
+                      str(args.exact_test_images)]) for seed in args.recipe_seeds]
     return runs
 
 

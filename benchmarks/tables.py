@@ -124,7 +124,7 @@ def profile(results: dict) -> list:
 
 
 def recipe(results: dict) -> list:
-    """The steps' defaults for 10 epochs, two seeds: compare_steps' own recipe table."""
+    """The steps' defaults for 10 epochs, a run per seed: compare_steps' own recipe table."""
     return recipe_table(runs(results, "recipe")) + ["", f"Measured on {measured_on(results)}."]
 
 
