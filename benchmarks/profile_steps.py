@@ -136,15 +136,20 @@ def results_markdown(results: dict) -> str:
              f"Milliseconds per optimizer step: the mean of {results['profile_steps']} steps after "
              f"{results['warmup_steps']} warm-up steps. Communication: each collective's calls per step "
              "and their milliseconds in all, as gloo's threads ran them (waits for the other rank included). "
-             "Overlapped: the communication time during which the training thread computed.", "",
-             "| variant | rank | step | forward | backward | optimizer | other "
-             "| communication per step | overlapped |", "|---|---|---|---|---|---|---|---|---|"]
+             "Overlapped: the communication time during which the training thread computed.", ""]
+    return "\n".join(lines + results_table(results) + ["", NOTE]) + "\n"
+
+
+def results_table(results: dict) -> list:
+    """A row per variant and rank; a failed variant's row gives its error."""
+    lines = ["| variant | rank | step | forward | backward | optimizer | other | communication per step | overlapped |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for v in results["variants"]:
         if v["status"] != "ok":
             lines.append(f"| {v['title']} | | {v['error']} | | | | | | |")
         for rank in v["ranks"]:
             lines.append(markdown_row(v["title"], rank))
-    return "\n".join(lines + ["", NOTE]) + "\n"
+    return lines
 
 
 def markdown_row(title: str, rank: dict) -> str:

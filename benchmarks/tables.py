@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_steps import Run, inference_table, memory_markdown, recipe_table, steady_images_per_s  # noqa: E402
-from profile_steps import results_markdown as profile_markdown  # noqa: E402
+from profile_steps import results_table as profile_table  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
 
@@ -118,9 +118,8 @@ def inference(results: dict) -> list:
 
 def profile(results: dict) -> list:
     """Where each profiled optimizer step's time went, per strategy and rank."""
-    table = [line for line in profile_markdown(results).splitlines() if line.startswith("|")]
-    return table + ["", f"Milliseconds per optimizer step, the mean of {results['profile_steps']} profiled steps; "
-                        f"measured on {results['machine']}; {results['date']}."]
+    return profile_table(results) + ["", f"Milliseconds per optimizer step, the mean of {results['profile_steps']} "
+                                         f"profiled steps; measured on {measured_on(results)}."]
 
 
 def recipe(results: dict) -> list:
