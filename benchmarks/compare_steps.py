@@ -2,6 +2,7 @@
 
     python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
+    python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
 
 Four sections. "steps" runs every step script with the same model, data, global batch, epochs and
 workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
@@ -12,7 +13,8 @@ run. "recipe" (only when asked for) trains step 01 with the steps' defaults for 
 with each of --recipe-seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
 given). A run this machine cannot do is listed as skipped, with the reason. Every number comes from
 the final JSON line the scripts print; each run's full output is kept in <out>/logs/, and the
-machine, the date and the commit in <out>/results.json.
+machine, the date and the commit in <out>/results.json. --update keeps the runs of <out>/results.json that
+this command does not redo (each run records the command, date and commit that made it).
 """
 import argparse
 import json
@@ -68,6 +70,7 @@ class Run:
     checkpoint_dir: str | None = None  # kept after the run (another run reads it), else a temporary one
     side_by_side: bool = False  # runs at the same time as the side-by-side runs next to it
     wall_s: float | None = None  # from starting the command to its JSON line: what the person waits
+    made_by: dict | None = None  # the command, date and commit that made it (several in an --update's results)
 
 
 def main():
@@ -75,6 +78,10 @@ def main():
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     machine, commit = describe_machine(), describe_commit()  # at the start: the code that runs
+    previous = json.loads((out / "results.json").read_text()) if args.update else None
+    if previous and previous["machine"] != machine:  # before the runs, not after them
+        raise SystemExit(f"error: --update: {out / 'results.json'} was measured on {previous['machine']}, not on "
+                         f"this machine ({machine}); run every run here, without --update")
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
     planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_inference_runs(args) + plan_memory_runs(args)
                + plan_recipe_runs(args))
@@ -99,16 +106,30 @@ def main():
         ray.shutdown()
     ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
                                              and not args.address for r in runs) else None
-    results = dict(machine=machine, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   date=time.strftime("%Y-%m-%d"), commit=commit, ray_start_s=ray_start_s,
-                   steps_per_epoch=args.steps_per_epoch,
+    made_by = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
+                   commit=commit)
+    for run in runs:
+        run.made_by = made_by
+    results = dict(machine=machine, **made_by, ray_start_s=ray_start_s, steps_per_epoch=args.steps_per_epoch,
                    runs=[vars(r) for r in runs])
+    if previous:
+        results = updated(previous, results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(results_markdown(results))
-    plots = write_plots(runs, out)
+    plots = write_plots([Run(**r) for r in results["runs"]], out)
     print(f"table: {out / 'results.md'} | plots: {', '.join(str(p) for p in plots)} | logs: {out / 'logs'}")
     if any(r.status == "failed" for r in runs):
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
+
+
+def updated(previous: dict, results: dict) -> dict:
+    """previous's runs with results' in their place (or after them, if new): one table from two commands on one
+    machine. Each run keeps the command, date and commit that made it."""
+    provenance = {key: previous[key] for key in ("command", "date", "commit")}
+    kept = [{**r, "made_by": r.get("made_by") or provenance} for r in previous["runs"]]
+    new = {r["name"]: r for r in results["runs"]}
+    merged = [new.pop(r["name"], r) for r in kept] + list(new.values())
+    return {**results, "runs": merged}
 
 
 def batches_of_runs(runs: list) -> list:
@@ -155,7 +176,12 @@ def parse_args():
     p.add_argument("--only", nargs="+", default=[],
                    help="run names or sections (steps, memory, inference, recipe); default: all but recipe")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    return p.parse_args()
+    p.add_argument("--update", action="store_true",
+                   help="keep the runs already in <out>/results.json that this command does not redo")
+    args = p.parse_args()
+    if args.update and not (Path(args.out) / "results.json").is_file():
+        p.error(f"--update: {Path(args.out) / 'results.json'} does not exist; run without --update to make it")
+    return args
 
 
 def plan_step_runs(args) -> list:
@@ -390,15 +416,26 @@ def describe_commit() -> str:
     return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes to the steps)" if changed else "")
 
 
+def made_by_runs(results: dict) -> dict:
+    """(command, date, commit) -> the names of the runs it made: one entry, unless --update added runs."""
+    made = {}
+    for r in results.get("runs", []):
+        m = r.get("made_by") or results
+        made.setdefault((m["command"], m["date"], m.get("commit")), []).append(r["name"])
+    return made
+
+
 def results_markdown(results: dict) -> str:
     runs = [Run(**r) for r in results["runs"]]
     steps = [r for r in runs if r.section == "steps"]
     memory = [r for r in runs if r.section == "memory"]
     inference = [r for r in runs if r.section == "inference"]
     recipe = [r for r in runs if r.section == "recipe"]
-    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", "",
-             f"Command: `python benchmarks/{results['command']}`" +
-             (f" (code: commit {results['commit']})" if results.get("commit") else ""), ""]
+    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
+    for made_by, names in made_by_runs(results).items():
+        command, date, commit = made_by
+        lines += [f"Command: `python benchmarks/{command}` ({date}" + (f", code: commit {commit}" if commit else "")
+                  + (f"; runs: {', '.join(names)}" if len(made_by_runs(results)) > 1 else "") + ")", ""]
     if steps:
         ok = [r for r in steps if r.status == "ok"]
         if ok:

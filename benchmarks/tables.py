@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_steps import Run, inference_table, memory_markdown, recipe_table, steady_images_per_s  # noqa: E402
+from compare_steps import (Run, inference_table, made_by_runs, memory_markdown, recipe_table,  # noqa: E402
+                           steady_images_per_s)
 from profile_steps import results_table as profile_table  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
@@ -66,8 +67,12 @@ def ok_runs(results: dict, section: str) -> dict:
 
 
 def measured_on(results: dict) -> str:
-    """Where and when, for the line under a table."""
-    return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
+    """Where and when, for the line under a table; per command when --update made the runs with two."""
+    made = made_by_runs(results)
+    if len(made) <= 1:
+        return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
+    return f"{results['machine']}; " + "; ".join(f"{', '.join(names)}: {date}, commit {commit}"
+                                                  for (_, date, commit), names in made.items())
 
 
 def epochs_trained(results: dict, summary: dict) -> str:
