@@ -169,3 +169,31 @@ def test_a_single_run_gets_no_comparisons_heading():
     results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
     table = compare_steps.results_markdown(results)
     assert "| single_machine | 1 | 42.85% |" in table and "Comparisons" not in table
+
+
+def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which_command_made_which():
+    compare_steps, tables = load_script("benchmarks/compare_steps.py"), load_script("benchmarks/tables.py")
+
+    def results(command, commit, seeds, accuracy):
+        made = dict(command=command, date="2026-11-26", commit=commit)
+        return dict(machine="a machine", **made, runs=[
+            vars(compare_steps.Run(f"recipe_seed{s}", "recipe", "single_machine", 1, status="ok", made_by=made,
+                                   summary=dict(model="hybrid", epochs=10, train_loss=0.9, test_accuracy=accuracy)))
+            for s in seeds])
+
+    first = results("--recipe-seeds 0 1", "aaaaaaa", [0, 1], 0.5)
+    first["runs"][0].pop("made_by")  # as in a results.json written before runs recorded it
+    merged = compare_steps.updated(first, results("--recipe-seeds 1 2 --update", "bbbbbbb", [1, 2], 0.8))
+    assert [(r["name"], r["summary"]["test_accuracy"], r["made_by"]["commit"]) for r in merged["runs"]] == [
+        ("recipe_seed0", 0.5, "aaaaaaa"), ("recipe_seed1", 0.8, "bbbbbbb"), ("recipe_seed2", 0.8, "bbbbbbb")]
+    assert tables.measured_on(merged) == ("a machine; recipe_seed0: 2026-11-26, commit aaaaaaa; "
+                                          "recipe_seed1, recipe_seed2: 2026-11-26, commit bbbbbbb")
+    assert "`python benchmarks/--recipe-seeds 0 1` (2026-11-26, code: commit aaaaaaa; runs: recipe_seed0)" in (
+        compare_steps.results_markdown(merged))
+
+
+def test_update_refuses_results_from_another_machine_before_running_anything(tmp_path, main_error, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(dict(machine="another machine", runs=[])))
+    error = main_error("benchmarks/compare_steps.py", "--only", "recipe", "--update", "--out", str(tmp_path))
+    assert error.startswith("error: --update:") and "another machine" in error and "without --update" in error
+    assert "recipe_seed" not in capsys.readouterr().out  # no run started
