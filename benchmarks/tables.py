@@ -71,8 +71,13 @@ def measured_on(results: dict) -> str:
     made = made_by_runs(results)
     if len(made) <= 1:
         return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
-    return f"{results['machine']}; " + "; ".join(f"{', '.join(names)}: {date}, commit {commit}"
+    return f"{results['machine']}; " + "; ".join(f"{', '.join(leading(names))}: {date}, commit {commit}"
                                                   for (_, date, commit), names in made.items())
+
+
+def leading(names: list) -> list:
+    """The names without the runs that follow one of them (recipe_seed0_exact scores recipe_seed0's checkpoint)."""
+    return [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
 
 
 def epochs_trained(results: dict, summary: dict) -> str:

@@ -183,13 +183,16 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
 
     first = results("--recipe-seeds 0 1", "aaaaaaa", [0, 1], 0.5)
     first["runs"][0].pop("made_by")  # as in a results.json written before runs recorded it
+    first["runs"].insert(1, {**first["runs"][0], "name": "recipe_seed0_exact", "step": "inference",
+                             "summary": dict(accuracy=0.5, correct=5, counted=10)})
     merged = compare_steps.updated(first, results("--recipe-seeds 1 2 --update", "bbbbbbb", [1, 2], 0.8))
-    assert [(r["name"], r["summary"]["test_accuracy"], r["made_by"]["commit"]) for r in merged["runs"]] == [
-        ("recipe_seed0", 0.5, "aaaaaaa"), ("recipe_seed1", 0.8, "bbbbbbb"), ("recipe_seed2", 0.8, "bbbbbbb")]
+    assert [(r["name"], r["summary"].get("test_accuracy"), r["made_by"]["commit"]) for r in merged["runs"]] == [
+        ("recipe_seed0", 0.5, "aaaaaaa"), ("recipe_seed0_exact", None, "aaaaaaa"), ("recipe_seed1", 0.8, "bbbbbbb"),
+        ("recipe_seed2", 0.8, "bbbbbbb")]
     assert tables.measured_on(merged) == ("a machine; recipe_seed0: 2026-11-26, commit aaaaaaa; "
                                           "recipe_seed1, recipe_seed2: 2026-11-26, commit bbbbbbb")
-    assert "`python benchmarks/--recipe-seeds 0 1` (2026-11-26, code: commit aaaaaaa; runs: recipe_seed0)" in (
-        compare_steps.results_markdown(merged))
+    assert ("`python benchmarks/--recipe-seeds 0 1` (2026-11-26, code: commit aaaaaaa; runs: recipe_seed0, "
+            "recipe_seed0_exact)") in compare_steps.results_markdown(merged)
 
 
 def test_update_refuses_results_from_another_machine_before_running_anything(tmp_path, main_error, capsys):
