@@ -79,9 +79,8 @@ def main():
     (out / "logs").mkdir(parents=True, exist_ok=True)
     machine, commit = describe_machine(), describe_commit()  # at the start: the code that runs
     previous = json.loads((out / "results.json").read_text()) if args.update else None
-    if previous and previous["machine"] != machine:  # before the runs, not after them
-        raise SystemExit(f"error: --update: {out / 'results.json'} was measured on {previous['machine']}, not on "
-                         f"this machine ({machine}); run every run here, without --update")
+    if previous:  # checked before the runs, not after them
+        check_comparable(previous, machine, args, out / "results.json")
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
     planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_inference_runs(args) + plan_memory_runs(args)
                + plan_recipe_runs(args))
@@ -122,6 +121,16 @@ def main():
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
 
 
+def check_comparable(previous: dict, machine: str, args, path: Path):
+    """--update puts new runs in a table beside old ones: same machine, same epoch length."""
+    if previous["machine"] != machine:
+        raise SystemExit(f"error: --update: {path} was measured on {previous['machine']}, not on this machine "
+                         f"({machine}); run every run here, without --update")
+    if previous.get("steps_per_epoch") != args.steps_per_epoch:
+        raise SystemExit(f"error: --update: {path} cut its epochs to {previous.get('steps_per_epoch')} steps, this "
+                         f"command to {args.steps_per_epoch}; pass --steps-per-epoch {previous.get('steps_per_epoch')}")
+
+
 def updated(previous: dict, results: dict) -> dict:
     """previous's runs with results' in their place (or after them, if new): one table from two commands on one
     machine. Each run keeps the command, date and commit that made it."""
@@ -129,7 +138,7 @@ def updated(previous: dict, results: dict) -> dict:
     kept = [{**r, "made_by": r.get("made_by") or provenance} for r in previous["runs"]]
     new = {r["name"]: r for r in results["runs"]}
     merged = [new.pop(r["name"], r) for r in kept] + list(new.values())
-    return {**results, "runs": merged}
+    return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"), "runs": merged}
 
 
 def batches_of_runs(runs: list) -> list:

@@ -185,7 +185,9 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
     first["runs"][0].pop("made_by")  # as in a results.json written before runs recorded it
     first["runs"].insert(1, {**first["runs"][0], "name": "recipe_seed0_exact", "step": "inference",
                              "summary": dict(accuracy=0.5, correct=5, counted=10)})
+    first["ray_start_s"] = 2.5  # measured when Ray steps ran; an update of step 01 runs alone keeps it
     merged = compare_steps.updated(first, results("--recipe-seeds 1 2 --update", "bbbbbbb", [1, 2], 0.8))
+    assert merged["ray_start_s"] == 2.5 and merged["command"] == "--recipe-seeds 1 2 --update"
     assert [(r["name"], r["summary"].get("test_accuracy"), r["made_by"]["commit"]) for r in merged["runs"]] == [
         ("recipe_seed0", 0.5, "aaaaaaa"), ("recipe_seed0_exact", None, "aaaaaaa"), ("recipe_seed1", 0.8, "bbbbbbb"),
         ("recipe_seed2", 0.8, "bbbbbbb")]
@@ -195,8 +197,14 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
             "recipe_seed0_exact)") in compare_steps.results_markdown(merged)
 
 
-def test_update_refuses_results_from_another_machine_before_running_anything(tmp_path, main_error, capsys):
-    (tmp_path / "results.json").write_text(json.dumps(dict(machine="another machine", runs=[])))
+@pytest.mark.parametrize("published, refusal", [
+    (dict(machine="another machine"), "was measured on another machine, not on this machine"),
+    (dict(steps_per_epoch=100), "cut its epochs to 100 steps, this command to None; pass --steps-per-epoch 100")])
+def test_update_refuses_results_it_could_not_sit_beside_before_running_anything(published, refusal, tmp_path,
+                                                                                 main_error, capsys):
+    compare_steps = load_script("benchmarks/compare_steps.py")
+    this_machine = dict(machine=compare_steps.describe_machine(), steps_per_epoch=None, runs=[])
+    (tmp_path / "results.json").write_text(json.dumps({**this_machine, **published}))
     error = main_error("benchmarks/compare_steps.py", "--only", "recipe", "--update", "--out", str(tmp_path))
-    assert error.startswith("error: --update:") and "another machine" in error and "without --update" in error
+    assert error.startswith("error: --update:") and refusal in error
     assert "recipe_seed" not in capsys.readouterr().out  # no run started
