@@ -441,10 +441,11 @@ def results_markdown(results: dict) -> str:
     inference = [r for r in runs if r.section == "inference"]
     recipe = [r for r in runs if r.section == "recipe"]
     lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
-    for made_by, names in made_by_runs(results).items():
-        command, date, commit = made_by
-        lines += [f"Command: `python benchmarks/{command}` ({date}" + (f", code: commit {commit}" if commit else "")
-                  + (f"; runs: {', '.join(names)}" if len(made_by_runs(results)) > 1 else "") + ")", ""]
+    made = made_by_runs(results)
+    for (command, date, commit), names in made.items():
+        code = f", code: commit {commit}" if commit else ""
+        which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
+        lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
     if steps:
         ok = [r for r in steps if r.status == "ok"]
         if ok:
