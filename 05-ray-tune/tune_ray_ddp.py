@@ -44,6 +44,15 @@ SEARCH_SPACE = {
     "warmup_epochs": ray.tune.quniform(0.25, 1.5, 0.25),
     "weight_decay": ray.tune.qloguniform(0.01, 0.3, 0.005),
 }
+
+
+def search_space(epochs: int) -> dict:
+    """SEARCH_SPACE for a sweep of --epochs, its warmup capped at the run: a trial never warms up
+    for longer than it trains, and the winner's printed command (same --epochs) passes step 01's
+    check that --warmup-epochs is at most --epochs."""
+    warmup = SEARCH_SPACE["warmup_epochs"]
+    return dict(SEARCH_SPACE, warmup_epochs=ray.tune.quniform(
+        warmup.lower, min(warmup.upper, epochs), warmup.sampler.q))
 # Tune gives every trial one CPU unless told otherwise. Here a trial only drives its Ray Train run
 # (whose controller asks for no CPU either) while the workers train: a CPU held by the trial would
 # be one its own workers wait for, forever on a 2-CPU cluster. A trial must ask for something: the
@@ -152,7 +161,7 @@ def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:
         # A trial's config is step 02's config: every flag, with this trial's values of the
         # searched ones. Tune saves it with the sweep, so a resumed trial trains with the flags
         # it started with.
-        param_space=dict(vars(args), **SEARCH_SPACE),
+        param_space=dict(vars(args), **search_space(args.epochs)),
         tune_config=ray.tune.TuneConfig(
             # Step 02's name for the metric; on cifar10-val it is validation accuracy.
             metric="test_accuracy", mode="max",

@@ -19,6 +19,7 @@ from ray.train.torch import TorchTrainer
 from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from common import flags as common_flags
 from common import make_parser
 from conftest import ROOT, SMOKE, final_json, load_script, python
 
@@ -167,8 +168,8 @@ class Parsed(Exception):
     """Raised in place of the sweep's own flag checks: main() stops there, with its flags parsed."""
 
 
-def sweep_scheduler(monkeypatch, tmp_path, *flags):
-    """The ASHA scheduler and TuneConfig that the sweep builds from these flags, as Tune sets them up; no Tune runs."""
+def built_sweep(monkeypatch, tmp_path, *flags) -> dict:
+    """What the sweep hands ray.tune.Tuner for these flags (param_space, tune_config, run_config); no Tune runs."""
     tune_script = load_script(TUNE)
 
     def parsed(parser, args):
@@ -182,7 +183,12 @@ def sweep_scheduler(monkeypatch, tmp_path, *flags):
     monkeypatch.setattr(ray.tune, "Tuner", lambda trainable, **options: built.update(options))
     monkeypatch.setattr(tune_script, "trials_at_once", lambda args: 2)
     tune_script.new_sweep(stopped.value.args[0], tmp_path / "sweep", trainable=None)
-    config = built["tune_config"]
+    return built
+
+
+def sweep_scheduler(monkeypatch, tmp_path, *flags):
+    """The ASHA scheduler and TuneConfig that the sweep builds from these flags, as Tune sets them up; no Tune runs."""
+    config = built_sweep(monkeypatch, tmp_path, *flags)["tune_config"]
     config.scheduler.set_search_properties(config.metric, config.mode)  # as Tune does
     return config.scheduler
 
@@ -200,6 +206,46 @@ def test_asha_stops_the_trial_behind_at_the_grace_period_never_the_one_ahead(mon
         decisions[name] = asha.on_trial_result(None, trial, {"epoch": epoch, "test_accuracy": accuracy})
     assert decisions == {"slow": "CONTINUE", "early": "CONTINUE", "first": "CONTINUE", "behind": "STOP",
                          "ahead": "CONTINUE"}
+
+
+def step01_parses(monkeypatch, capsys, command: str) -> str:
+    """The command's flags through step 01's own parser and its checks (check_flags), stopped before any work: the
+    error line it prints, or '' if it accepts them."""
+    words = shlex.split(command)
+    assert words[:2] == ["python", "01-vanilla-pytorch-ddp/train_single_machine.py"]
+    checked = common_flags.Parser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise Parsed(checked(self, args, namespace))
+
+    monkeypatch.setattr(common_flags.Parser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", words[1:])
+    with pytest.raises((Parsed, SystemExit)) as outcome:
+        load_script(words[1]).main()
+    return "" if outcome.type is Parsed else capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_winners_printed_commands_parse_whatever_warmup_the_sweep_drew(epochs, monkeypatch, capsys, tmp_path):
+    """The README's sweep ran 1 epoch while the warmup was drawn up to 1.5: trials warmed up for longer than they
+    trained, and the winner's printed command was refused (--warmup-epochs longer than --epochs). Every warmup the
+    sweep's own search space can draw is now at most --epochs, reached, and both printed commands parse."""
+    tune_script = load_script(TUNE)
+    space = built_sweep(monkeypatch, tmp_path, "--epochs", str(epochs), "--grace-period", "1",
+                        "--data-dir", str(tmp_path / "data"))["param_space"]
+    assert space["epochs"] == epochs
+    rng = np.random.default_rng(0)
+    drawn = [{key: value.sample(random_state=rng) if isinstance(value, ray.tune.search.sample.Domain) else value
+              for key, value in space.items()} for _ in range(200)]
+    warmups = {config["warmup_epochs"] for config in drawn}
+    assert max(warmups) == min(epochs, 1.5) and min(warmups) == 0.25, warmups
+    for warmup in sorted(warmups):
+        config = next(c for c in drawn if c["warmup_epochs"] == warmup)
+        for command in (tune_script.train_command(config), tune_script.noise_command(config)):
+            assert step01_parses(monkeypatch, capsys, command) == "", command
+    # and the check it passes is the one that refused the old commands:
+    too_long = dict(config, warmup_epochs=epochs + 0.5)
+    assert "--warmup-epochs" in step01_parses(monkeypatch, capsys, tune_script.train_command(too_long))
 
 
 def test_the_train_v1_pattern_no_longer_works():
