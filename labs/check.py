@@ -1,0 +1,44 @@
+"""Checks your lab: python -m labs.check LAB, from the repository root (labs/README.md lists the labs).
+
+Runs your file (labs/<lab>.py, or --file), prints each check as PASS or FAIL with a hint for each failure, and
+exits with 1 if any failed.
+"""
+import argparse
+import importlib
+import time
+from dataclasses import dataclass
+
+from labs.harness import ROOT
+
+
+@dataclass
+class Lab:
+    file: str  # under labs/, and under labs/solutions/
+    checks: str  # the module whose run(path) checks it
+    task: str
+
+
+LABS = {
+    "01": Lab("01_ddp.py", "labs.checks.ddp", "make a single-process training loop distributed (DDP by hand)"),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("lab", choices=LABS)
+    parser.add_argument("--file", help="the file to check (default: labs/<the lab's file>)")
+    args = parser.parse_args(argv)
+    lab = LABS[args.lab]
+    path = (ROOT / "labs" / lab.file) if args.file is None else args.file
+    print(f"lab {args.lab}: {lab.task}\nchecking {path}", flush=True)
+    start = time.monotonic()
+    outcomes = importlib.import_module(lab.checks).run(path)
+    for o in outcomes:
+        print(f"PASS  {o.check}" if o.passed else f"FAIL  {o.check}: {o.failure}\n      hint: {o.hint}")
+    passed = sum(o.passed for o in outcomes)
+    print(f"{passed} of {len(outcomes)} checks passed in {time.monotonic() - start:.0f} s")
+    return 0 if passed == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
