@@ -6,24 +6,21 @@ The lesson, and what to diff this file against: README.md in this folder.
 """
 import contextlib
 import itertools
-import json
 import os
-import socket
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
-from common import load_checkpoint, save_checkpoint
-from common.profiling import StepProfiler
+from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common import crash_one_rank, load_checkpoint, save_checkpoint
+from common.meter import RunMeter, print_run_summary
 
 STEP = "ddp"
 
@@ -45,15 +42,11 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
-    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
-    startup = dict(launcher=time.time())
+    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
-    # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    sample_ids = torch.arange(len(data.train_labels))
-    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
@@ -61,17 +54,18 @@ def train(args, rank, world_size, master_process, device):
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    startup["data"] = time.time()
+    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model).to(device)
     params = count_params(model)
     # DDP broadcasts rank 0's weights, then all-reduces (averages) gradients during backward.
     model = DistributedDataParallel(model)  # on a GPU: the device set_device chose
+    raw_model = model.module  # the model inside the wrapper: what checkpoints hold
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = gather_from_ranks(socket.gethostname())
+    nodes = gather_from_ranks(this_node())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
               f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
@@ -81,16 +75,14 @@ def train(args, rank, world_size, master_process, device):
     start_epoch, history = 0, []
     if args.resume:
         state = load_checkpoint(checkpoint_path, args)
-        model.module.load_state_dict(state["model"])
+        raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start_epoch, history = state["epoch"] + 1, state["history"]
         if master_process:
             print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
 
-    startup["model"] = time.time()
-    profiler = StepProfiler(args, rank, args.checkpoint_dir)  # --profile-steps: per-rank traces
-    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    meter.training_starts(args.checkpoint_dir, start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
@@ -115,15 +107,12 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
-            profiler.step()
             scheduler.step()
-            time_to_first_step = time_to_first_step or time.time() - args.launched
+            meter.optimizer_stepped()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
-        train_seconds += epoch_seconds
-        images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
+        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
@@ -132,33 +121,17 @@ def train(args, rank, world_size, master_process, device):
                             epoch_time_s=epoch_seconds, world_size=world_size,
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
-            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
-                             history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # The run so far, as the last line of output will report it.
-        summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
-            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
-            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
-            test_accuracy=history[-1]["test_accuracy"],
-            images_per_s=images_trained / train_seconds if train_seconds else None,
-            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
-            startup_s={phase: t - args.launched for phase, t in startup.items()},
-            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+            print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
+        summary = meter.summary(history, params, nodes)  # the run so far
+        state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
+                     scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         if master_process:
-            save_checkpoint(checkpoint_path, dict(
-                model=model.module.state_dict(), optimizer=optimizer.state_dict(),
-                scheduler=scheduler.state_dict(), epoch=epoch, history=history,
-                model_preset=args.model))
-        if epoch + 1 == args.fail_at_epoch:
-            dist.barrier()  # let rank 0 finish writing the checkpoint
-            if rank == world_size - 1:
-                sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch)"
-                         f"; rerun with --resume to continue from {checkpoint_path}")
+            save_checkpoint(checkpoint_path, state)
+        if epoch + 1 == args.fail_at_epoch:  # practice: a crash, then a rerun with --resume
+            crash_one_rank(epoch, checkpoint_path)
 
     if master_process:
-        print(memory_table(summary["memory_per_rank"]))
-        print(json.dumps(dict(summary, wall_time_s=time.time() - args.launched)))
+        print_run_summary(summary, args.launched)  # memory per rank, then JSON
 
 
 if __name__ == "__main__":

@@ -5,21 +5,18 @@
 The lesson, and what to diff this file against: README.md in this folder.
 """
 import itertools
-import json
-import socket
-import sys
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler
 from tqdm import tqdm
 
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
-from common import load_checkpoint, save_checkpoint
-from common.profiling import StepProfiler
+from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common import crash_one_rank, load_checkpoint, save_checkpoint
+from common.meter import RunMeter, print_run_summary
 
 STEP = "single_machine"
 
@@ -31,22 +28,18 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
-    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
-    startup = dict(launcher=time.time())
+    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
-    # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    sample_ids = torch.arange(len(data.train_labels))
-    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     shuffle = torch.Generator()
     sampler = RandomSampler(train_set, generator=shuffle)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    startup["data"] = time.time()
+    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model).to(device)
@@ -54,7 +47,7 @@ def train(args, rank, world_size, master_process, device):
     optimizer = make_optimizer(model, args, device)
     scheduler = make_scheduler(optimizer, args, steps_per_epoch)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    nodes = gather_from_ranks(socket.gethostname())
+    nodes = gather_from_ranks(this_node())
     if master_process:
         print(f"model {args.model}: {params:,} parameters | data: {data.description} | "
               f"{world_size} x {device.type} on {len(set(nodes))} node(s), "
@@ -71,9 +64,7 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
 
-    startup["model"] = time.time()
-    profiler = StepProfiler(args, rank, args.checkpoint_dir)  # --profile-steps: per-rank traces
-    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    meter.training_starts(args.checkpoint_dir, start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Reseeded every epoch: a new order each epoch, the same order when resumed.
         shuffle.manual_seed(args.seed + epoch)
@@ -96,45 +87,28 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
-            profiler.step()
             scheduler.step()
-            time_to_first_step = time_to_first_step or time.time() - args.launched
+            meter.optimizer_stepped()
         train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: honest time
         epoch_seconds = time.perf_counter() - epoch_start
-        train_seconds += epoch_seconds
-        images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
+        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
                             epoch_time_s=epoch_seconds, world_size=world_size,
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
-            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
-                             history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # The run so far, as the last line of output will report it.
-        summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
-            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
-            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
-            test_accuracy=history[-1]["test_accuracy"],
-            images_per_s=images_trained / train_seconds if train_seconds else None,
-            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
-            startup_s={phase: t - args.launched for phase, t in startup.items()},
-            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+            print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
+        summary = meter.summary(history, params, nodes)  # the run so far
+        state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
+                     scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         if master_process:
-            save_checkpoint(checkpoint_path, dict(
-                model=model.state_dict(), optimizer=optimizer.state_dict(),
-                scheduler=scheduler.state_dict(), epoch=epoch, history=history,
-                model_preset=args.model))
-        if epoch + 1 == args.fail_at_epoch:
-            sys.exit(f"simulated crash after epoch {epoch + 1} (--fail-at-epoch); "
-                     f"rerun with --resume to continue from {checkpoint_path}")
+            save_checkpoint(checkpoint_path, state)
+        if epoch + 1 == args.fail_at_epoch:  # practice: a crash, then a rerun with --resume
+            crash_one_rank(epoch, checkpoint_path)
 
     if master_process:
-        print(memory_table(summary["memory_per_rank"]))
-        print(json.dumps(dict(summary, wall_time_s=time.time() - args.launched)))
+        print_run_summary(summary, args.launched)  # memory per rank, then JSON
 
 
 if __name__ == "__main__":

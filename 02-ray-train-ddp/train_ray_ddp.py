@@ -7,30 +7,25 @@ The lesson, and what to diff this file against: README.md in this folder.
 import argparse
 import contextlib
 import itertools
-import json
-import os
 import tempfile
 import time
 from pathlib import Path
 
-import ray
-import ray.train
-import ray.train.torch
+import ray.train.torch  # also imports ray and ray.train
 import torch
 import torch.distributed as dist
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 import common
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
 from common import load_checkpoint, save_checkpoint
-from common.errors import first_process
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.profiling import StepProfiler
-from common.ray_setup import progress_bar, quiet_report_logs, run_name, this_node
+from common.meter import RunMeter, print_run_summary
+from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import crash_one_worker, print_best, progress_bar, run_folder, run_name
 
 STEP = "ray_ddp"
 
@@ -43,7 +38,7 @@ def main():
         # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
         # import common/ from the copy that the job's runtime_env ships them.
         ray.init(address=args.address, **init_options(args.address),
-                 runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+                 runtime_env={"py_modules": [common], **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,
@@ -56,19 +51,12 @@ def main():
             checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_order="max",
                                                checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
-    if not first_process():
-        return  # local mode under torchrun: every process ran all of main(); rank 0 reports
-    if result.best_checkpoints:  # local mode keeps none
-        best_checkpoint, best_metrics = result.best_checkpoints[-1]
-        print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
-              f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
-    print(memory_table(result.metrics["summary"]["memory_per_rank"]))
-    print(json.dumps(dict(result.metrics["summary"], wall_time_s=time.time() - args.launched)))
+    print_best(result)  # the run's folder, and the best of the checkpoints it kept
+    print_run_summary(result.metrics["summary"], args.launched)  # memory per rank, then JSON
 
 
 def train_func(config):
     """Runs in every worker. Ray has already started the process group and chosen the device."""
-    quiet_report_logs()
     args = argparse.Namespace(**config)
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -77,27 +65,22 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    # When each start-up phase ended: all that ran before train() (torchrun's process group, or
-    # Ray and its workers), loading the data, building the model. Reported as seconds from launch.
-    startup = dict(launcher=time.time())
+    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
-    # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    sample_ids = torch.arange(len(data.train_labels))
-    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
-    # prepare_data_loader moves every batch to this worker's device. Given a loader without a
-    # DistributedSampler it would add one, but seeded with 0 whatever --seed says, padded with
-    # repeated images, and only with more than one worker: we hand it ours, which it keeps.
+    # prepare_data_loader moves every batch to this worker's device, and keeps our sampler (its own
+    # would be seeded with 0 whatever --seed says, and pad the last batches with repeated images).
     train_loader = ray.train.torch.prepare_data_loader(train_loader)
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    startup["data"] = time.time()
+    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model)
@@ -126,11 +109,7 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
-    startup["model"] = time.time()
-    # --profile-steps: per-rank traces, beside the run's checkpoints
-    run_folder = Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
-    profiler = StepProfiler(args, rank, run_folder)
-    time_to_first_step, train_seconds, images_trained = None, 0.0, 0
+    meter.training_starts(run_folder(args), start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
@@ -155,15 +134,12 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
-            profiler.step()
             scheduler.step()
-            time_to_first_step = time_to_first_step or time.time() - args.launched
+            meter.optimizer_stepped()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
-        train_seconds += epoch_seconds
-        images_trained += steps_per_epoch * args.batch_size
-        state_memory = state_memory_mb(model, optimizer)  # parameters, gradients, optimizer state
+        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
@@ -172,36 +148,21 @@ def train(args, rank, world_size, master_process, device):
                             epoch_time_s=epoch_seconds, world_size=world_size,
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
-            print(epoch_line(epoch, args.epochs, train_loss, correct / counted, epoch_seconds,
-                             history[-1]["images_per_s"], peak_memory_mb(device)))
-        memory = gather_from_ranks(dict(state_memory, peak_mb=peak_memory_mb(device)))
-        # The run so far, as the last line of output will report it.
-        summary = dict(
-            step=STEP, world_size=world_size, device=device.type, model=args.model, params=params,
-            data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
-            grad_accum_steps=args.grad_accum_steps, train_loss=history[-1]["train_loss"],
-            test_accuracy=history[-1]["test_accuracy"],
-            images_per_s=images_trained / train_seconds if train_seconds else None,
-            time_to_first_step_s=time_to_first_step, peak_memory_mb=[m["peak_mb"] for m in memory],
-            startup_s={phase: t - args.launched for phase, t in startup.items()},
-            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+            print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
+        summary = meter.summary(history, params, nodes)  # the run so far
+        state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
+                     scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if master_process:
-                save_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", dict(
-                    model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                    scheduler=scheduler.state_dict(), epoch=epoch, history=history,
-                    model_preset=args.model))
+                save_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", state)
                 checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
             # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
             # to storage. A barrier: every rank must call report, and equally often.
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
-        if epoch + 1 == args.fail_at_epoch and rank == world_size - 1:
-            # Ray's controller registers a reported checkpoint when it next polls the workers:
-            # crash well after that, or Ray restarts from the checkpoint before.
-            time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
-            os._exit(1)  # a hard crash, not an exception: Ray restarts the group from there
+        if epoch + 1 == args.fail_at_epoch:  # practice: Ray restarts the group from this checkpoint
+            crash_one_worker(rank, world_size)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ import common
 from common import load_data, make_parser
 from common.errors import fail
 from common.flags import REPOSITORY
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options, run_name
+from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import run_name
 
 STEP = "ray_tune"
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +90,7 @@ def main():
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (retried)
     name = run_name(STEP, args)  # with --resume, the newest sweep's
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+             runtime_env={"py_modules": [common], **WORKER_SETUP})
     args.use_gpu = check_cluster_and_choose_gpu(args)
     sweep = Path(args.checkpoint_dir, name)
     trainable = ray.tune.with_resources(run_trial, TRIAL_RESOURCES)
@@ -198,8 +199,9 @@ def run_trial(config):
     trial_group = ray.util.get_current_placement_group().id.hex()
     trainer = TorchTrainer(
         train_noting_placement_groups,
+        # checkpoint_dir: where step 02's train finds this run's folder (--profile-steps' traces)
         train_loop_config=dict(config, launched=time.time(), run_dir=str(run),
-                               trial_placement_group=trial_group),
+                               checkpoint_dir=str(run.parent), trial_placement_group=trial_group),
         scaling_config=ScalingConfig(num_workers=config["num_workers"], use_gpu=config["use_gpu"]),
         run_config=RunConfig(
             name=run.name, storage_path=str(run.parent),

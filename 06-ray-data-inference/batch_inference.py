@@ -45,7 +45,8 @@ import common
 from common import build_model, load_data, predict
 from common.errors import fail
 from common.flags import REPOSITORY, Parser, add_data_flags, check_data_flags, flag_value
-from common.ray_setup import add_cluster_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import WORKER_SETUP, add_cluster_flags, check_cluster_and_choose_gpu
+from common.ray_setup import init_options
 
 STEP = "ray_data_inference"
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -80,7 +81,7 @@ def main():
         description = data.description
 
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": [common], "env_vars": {"PYTHONUNBUFFERED": "1"}})
+             runtime_env={"py_modules": [common], **WORKER_SETUP})
     # Ray Data's INFO and WARNING lines; not its progress bar.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     use_gpu = check_cluster_and_choose_gpu(args, "--actors")

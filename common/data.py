@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 from filelock import FileLock
 
 from .errors import fail
@@ -31,6 +32,11 @@ class Data:
     test_images: torch.Tensor
     test_labels: torch.Tensor
     description: str
+
+    def train_set(self) -> TensorDataset:
+        """(image, label, id) for each training image: the id travels with its batch, and augment_batch derives
+        the image's random crop and flip from it."""
+        return TensorDataset(self.train_images, self.train_labels, torch.arange(len(self.train_labels)))
 
 
 def load_data(name: str, data_dir: str, eval_images: int | None = None) -> Data:

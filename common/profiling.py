@@ -29,6 +29,7 @@ import gzip
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -70,14 +71,17 @@ def check_profile_flag(parser, args, train_images: int) -> None:
 
 
 class StepProfiler:
-    """Call step() after every optimizer step; with --profile-steps 0 it does nothing."""
+    """Call step() after every optimizer step; with --profile-steps 0 it does nothing. It profiles the run's
+    first epoch only: a run restarted or resumed from a checkpoint (start_epoch > 0) keeps the profile it made."""
 
-    def __init__(self, args, rank: int, folder):
+    def __init__(self, args, rank: int, folder, start_epoch: int = 0):
         self.steps, self.rank = getattr(args, "profile_steps", 0), rank
         self.folder = Path(folder) / "profile"
         self.profiler = None
-        if not self.steps:
+        if not self.steps or start_epoch:
             return
+        if rank == 0:  # an earlier attempt's traces (a larger world leaves more ranks' files): gone
+            shutil.rmtree(self.folder, ignore_errors=True)  # before any rank writes: steps come first
         # Kineto's own notes (start, stop, and on a CUDA build without a GPU, an error about it).
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         gpu = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []

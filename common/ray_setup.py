@@ -14,7 +14,7 @@ import ray.train
 import torch
 from ray.experimental import tqdm_ray
 
-from .errors import fail
+from .errors import fail, first_process
 from .flags import flag_value
 from .training import check_compatible
 
@@ -81,6 +81,21 @@ def init_options(address: str) -> dict:
                 logging_config=ray.LoggingConfig(log_level="ERROR"))
 
 
+# The job's runtime_env beyond the code it ships (ray.init's runtime_env in every Ray step): prints from workers
+# reach the console at once, and every process of the job runs setup_worker first.
+WORKER_SETUP = {"env_vars": {"PYTHONUNBUFFERED": "1"},
+                "worker_process_setup_hook": "common.ray_setup.setup_worker"}
+
+
+def setup_worker() -> None:
+    """Runs first in every process of a Ray step's job: its Ray Train workers, controller and helpers."""
+    quiet_report_logs()
+    # Ray's state queries without an address (Train's placement-group cleaner asks them every few seconds whether
+    # the controller lives) reach the cluster named by RAY_ADDRESS, else the Ray started last on this machine,
+    # which may be another one: when that one stops, the query times out and its thread dies with a traceback.
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
 def quiet_report_logs() -> None:
     """Call in each worker. Ray Train logs every ray.train.report at INFO, from every rank, through a logger
     named after its source file (not "ray.train"), which its LoggingConfig does not reach; in local mode,
@@ -105,10 +120,27 @@ def progress_bar(batches, total: int, desc: str, show: bool):
     bar.close()
 
 
-def this_node() -> str:
-    """Which machine this process runs on: Ray's node id in a Ray worker (the tests' two Ray nodes share
-    one host), the host name in local mode, where no Ray runs."""
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else socket.gethostname()
+def print_best(result) -> None:
+    """The run's folder, and the best of the checkpoints that CheckpointConfig kept (local mode keeps none). From
+    the first process only: in local mode under torchrun, every process runs all of main()."""
+    if result.best_checkpoints and first_process():
+        best_checkpoint, best_metrics = result.best_checkpoints[-1]
+        print(f"run {result.path}: best checkpoint {best_checkpoint.path} "
+              f"(epoch {best_metrics['epoch']}, test acc {best_metrics['test_accuracy']:.2%})")
+
+
+def run_folder(args) -> Path:
+    """This Ray Train run's folder: its checkpoints, and the traces of --profile-steps."""
+    return Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
+
+
+def crash_one_worker(rank: int, world_size: int) -> None:
+    """--fail-at-epoch: the last worker dies hard (not an exception, which a real crash rarely is), once Ray has
+    registered the checkpoint just reported: its controller does when it next polls the workers, so crash well
+    after that, or Ray restarts from the checkpoint before."""
+    if rank == world_size - 1:
+        time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
+        os._exit(1)
 
 
 def check_reachable(address: str) -> None:
@@ -153,6 +185,7 @@ def prepare_local_mode(args) -> bool:
     if args.use_gpu is not None and args.use_gpu != torch.cuda.is_available():
         raise fail(f"--num-workers 0 (local mode) trains on {'the' if torch.cuda.is_available() else 'no'} GPU of "
                    f"this machine; drop --use-gpu and --no-gpu")
+    quiet_report_logs()  # no Ray job here, so no setup_worker
     if "WORLD_SIZE" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -3,6 +3,7 @@ checkpoint files. Each step's training loop stays in its own script."""
 import math
 import os
 import resource
+import socket
 import sys
 from pathlib import Path
 
@@ -107,6 +108,15 @@ def gather_from_ranks(value) -> list:
     return values
 
 
+def this_node() -> str:
+    """Which machine this process runs on: Ray's node id in a Ray worker (the tests' two Ray nodes share one host),
+    the host name elsewhere (torchrun, Ray Train's local mode)."""
+    ray = sys.modules.get("ray")  # imported by the Ray steps only
+    if ray is not None and ray.is_initialized():
+        return ray.get_runtime_context().get_node_id()
+    return socket.gethostname()
+
+
 def memory_table(memory_per_rank: list) -> str:
     """The per-rank memory report the Ray steps print at the end of a run."""
     lines = ["memory per rank (MB) | parameters | gradients | optimizer state | peak"]
@@ -116,14 +126,24 @@ def memory_table(memory_per_rank: list) -> str:
     return "\n".join(lines)
 
 
-def epoch_line(epoch: int, epochs: int, train_loss: float, accuracy: float, seconds: float,
-               images_per_s: float, peak_mb: float) -> str:
-    """One epoch, as rank 0 prints it, with how many processes trained it: the process group's size (torchrun's
-    processes or Ray's workers), which an elastic run (step 04, --num-workers MIN-MAX) changes as it resizes."""
-    processes = dist.get_world_size() if dist.is_initialized() else 1
-    noun = "process" if processes == 1 else "processes"
-    return (f"epoch {epoch + 1}/{epochs} | {processes} {noun} | train loss {train_loss:.4f} | "
-            f"test acc {accuracy:.2%} | {seconds:.1f} s | {images_per_s:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
+def epoch_line(record: dict, epochs: int, peak_mb: float) -> str:
+    """One epoch of the history, as rank 0 prints it, with how many processes trained it (torchrun's processes or
+    Ray's workers), which an elastic run (step 04, --num-workers MIN-MAX) changes as it resizes."""
+    noun = "process" if record["world_size"] == 1 else "processes"
+    return (f"epoch {record['epoch']}/{epochs} | {record['world_size']} {noun} | "
+            f"train loss {record['train_loss']:.4f} | test acc {record['test_accuracy']:.2%} | "
+            f"{record['epoch_time_s']:.1f} s | {record['images_per_s']:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
+
+
+def crash_one_rank(epoch: int, checkpoint_path: Path) -> None:
+    """--fail-at-epoch, in one process or under torchrun: once rank 0 has written the epoch's checkpoint, the last
+    rank exits (and torchrun stops the others)."""
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if dist.is_initialized():
+        dist.barrier()  # let rank 0 finish writing the checkpoint
+    if rank == world_size - 1:
+        sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch); "
+                 f"rerun with --resume to continue from {checkpoint_path}")
 
 
 def save_checkpoint(path: Path, state: dict) -> None:

@@ -8,15 +8,15 @@ from conftest import ROOT
 
 # (older script, newer script, most changed lines, lines that must be in the diff: the lesson itself)
 DESIGNED_PAIRS = [
-    ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 64,
+    ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 59,
      ["+    model = DistributedDataParallel(model)  # on a GPU: the device set_device chose",
       "+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():"]),
-    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 141,
+    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 113,
      ["+        ray.init(address=args.address, **init_options(args.address),",
       "+    model = ray.train.torch.prepare_model(model)",
       "+    train_loader = ray.train.torch.prepare_data_loader(train_loader)",
       "+            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)"]),
-    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", 85,
+    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", 74,
      ["+        datasets={\"train\": train_dataset(data, args.seed)},"]),
     ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_mlflow.py", 39,
      ["+        tracked = find_or_create_run(STEP, ray.train.get_context().get_experiment_name())",
@@ -25,7 +25,7 @@ DESIGNED_PAIRS = [
       "+            mlflow.log_artifact(str(Path(folder) / \"model.pt\"))"]),
     ("02-ray-train-ddp/train_ray_ddp.py", "03-ray-train-fsdp/train_ray_fsdp.py", 51,
      ['+        model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp",']),
-    ("02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py", 147,
+    ("02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py", 152,
      ["+    shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it",
       "+            model.set_requires_gradient_sync(last_micro_batch)"]),
 ]

@@ -66,7 +66,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_not_once_per_micro_batch(ddp_ru
 @pytest.mark.timeout(420)  # two runs, each with its own limit
 def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
     crashed = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--fail-at-epoch", "1")
-    assert crashed.returncode != 0 and "simulated crash after epoch 1" in crashed.stderr
+    assert crashed.returncode != 0 and "simulated crash of rank 0 after epoch 1" in crashed.stderr
     resumed = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
     assert "resumed from" in resumed.stdout and "after epoch 1" in resumed.stdout
     summary = final_json(resumed)
