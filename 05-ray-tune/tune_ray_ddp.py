@@ -144,8 +144,9 @@ def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:
     # Trial 0 trains the flags as given (the recipe, by default): the sweep measures its
     # winner against it.
     # max_concurrent: Ray Train starts a run only when all its workers fit, so more trials at once
-    # would only wait. (TuneConfig(max_concurrent_trials) does the same, but only for Tune's default
-    # search: Tune ignores it, with a mere warning, when given a search, as here.)
+    # would only wait. (TuneConfig(max_concurrent_trials) would do the same for Tune's default
+    # search, and wraps a Searcher, Optuna's or HyperOpt's, in a ConcurrencyLimiter; but Tune
+    # ignores it, with a mere warning, when given a BasicVariantGenerator, as here.)
     recipe = {key: getattr(args, key) for key in SEARCH_SPACE}
     search = BasicVariantGenerator(
         points_to_evaluate=[recipe], max_concurrent=at_once,
