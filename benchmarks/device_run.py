@@ -68,7 +68,10 @@ def main():
     args = parse_args()
     started = time.time()
     out = Path(args.out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out {out} cannot be created ({e.strerror}); pass a writable folder")
     checkpoints = Path(tempfile.mkdtemp(prefix="device-run-"))  # step 01's, which step 06 reads
     try:
         check_commands(plan_runs(args, checkpoints), args)
