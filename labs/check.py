@@ -20,6 +20,10 @@ class Lab:
 
 LABS = {
     "01": Lab("01_ddp.py", "labs.checks.ddp", "make a single-process training loop distributed (DDP by hand)"),
+    "02-hang": Lab("02_hang.py", "labs.checks.hang", "find why a Ray Train run hangs, and fix it"),
+    "04": Lab("04_fully_shard.py", "labs.checks.fully_shard", "shard the model with FSDP2: per block, then the root"),
+    "04-accumulate": Lab("04_accumulate.py", "labs.checks.accumulate",
+                         "accumulate gradients under FSDP2 with one reduce-scatter per optimizer step"),
 }
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The smoke tests' settings, shorter: the tiny preset learns the synthetic images within a few steps.
 LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "4",
              "--batch-size", "32", "--lr", "1e-3", "--eval-images", "256"]
-RANK_TIMEOUT_S = 50
+RANK_TIMEOUT_S = 150  # a hang's limit, far above a run's time (about 10 s) on a busy 2-core machine
 
 
 @dataclass
@@ -67,7 +67,8 @@ def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[sub
     for rank in range(world_size):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                    LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")  # the labs train on CPUs
+                   OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+                   CUDA_VISIBLE_DEVICES="", KINETO_LOG_LEVEL="6")  # the labs run on CPUs; a quiet profiler
         processes.append(subprocess.Popen([sys.executable, "-m", "labs.rank", entry, str(lab_file), str(folder)],
                                           cwd=ROOT, env=env))
     return processes
@@ -102,3 +103,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_ray(**environment: str) -> None:
+    """A Ray on this machine for a lab's check, with 2 CPUs (2 workers): its controller polls the workers every
+    0.2 s (each report waits for a poll), and its workers import labs/ and common/ from this repository. The
+    environment is set first, so that Ray hands it on to its controller and workers."""
+    import ray
+
+    from common.ray_setup import init_options
+
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT), **environment)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, **init_options("local"))

@@ -1,14 +1,21 @@
 """The labs (labs/README.md): on its untouched starting file, every check of a lab fails, for the reason the lab
 teaches; on its solution, every check passes; and what a solution adds to its starting file is the step script's
 code for that lesson."""
+import argparse
 import ast
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
 
-from conftest import ROOT
+from common import build_model
+
+from conftest import RAY_FSDP2, ROOT, load_script
 
 pytestmark = pytest.mark.labs
 
@@ -18,10 +25,15 @@ STARTING_FAILURES = {
     "01": ["the 2 processes trained in process groups of [1] (each alone), not one group of 2",
            "in epoch 1, rank 0 and rank 1 both trained 64 of the same images",
            re.compile(r"rank 0 reported (\S+) \(its own 128 test images give \1\)")],
+    "04": ["rank 0 holds 832,682 of the 832,682 parameter values (832,682 of them whole, not sharded)",
+           re.compile(r"step 2: 2 ranks' train loss \S+, 1 process's"),
+           "0 all-gathers per step; 6 blocks and the root make 13"],
+    "04-accumulate": ["14 reduce-scatters per optimizer step of 2 micro-batches; the model's 7 units need 7"],
 }
 # The step script whose lesson each lab is.
 STEP_SCRIPTS = {
     "01": "01-vanilla-pytorch-ddp/train_ddp.py",
+    "04-accumulate": RAY_FSDP2,
 }
 # The checks' budget is 60 s on 2 cores; the tests leave room for a machine shared with other work.
 CHECK_TIMEOUT_S = 180
@@ -78,3 +90,29 @@ def statements(path) -> set[str]:
     return {ast.unparse(node) for node in nodes if isinstance(node, ast.stmt) and not hasattr(node, "body")
             and not isinstance(node, ast.Import | ast.ImportFrom)
             and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))}
+
+
+
+@pytest.fixture
+def mesh_of_one():
+    """A one-process gloo group, in which fully_shard runs as on many."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+def test_lab04_solution_shards_as_the_step_script_does(mesh_of_one):
+    """The same units, each freeing or keeping its gathered weights after forward, as step 04's shard_model."""
+    solution, script = load_script("labs/solutions/04_fully_shard.py"), load_script(RAY_FSDP2)
+    flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True)
+    units = fsdp_units(lambda model: solution.shard_model(model, mesh_of_one))
+    assert units == fsdp_units(lambda model: script.shard_model(model, flags, torch.device("cpu")))
+    assert len(units) == 7 and [reshards for _, reshards in units] == [False] + [True] * 6
+
+
+def fsdp_units(shard_model) -> list[tuple[str, bool]]:
+    """The units shard_model makes of the tiny model: each one's name, and whether it reshards after forward."""
+    model = build_model("tiny")
+    shard_model(model)
+    return [(name, module._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None)
+            for name, module in model.named_modules() if isinstance(module, FSDPModule)]
