@@ -16,11 +16,12 @@ class Lab:
     file: str  # under labs/, and under labs/solutions/
     checks: str  # the module whose run(path) checks it
     task: str
+    ray: bool = False  # whether the check runs Ray (on --address)
 
 
 LABS = {
     "01": Lab("01_ddp.py", "labs.checks.ddp", "make a single-process training loop distributed (DDP by hand)"),
-    "02-hang": Lab("02_hang.py", "labs.checks.hang", "find why a Ray Train run hangs, and fix it"),
+    "02-hang": Lab("02_hang.py", "labs.checks.hang", "find why a Ray Train run hangs, and fix it", ray=True),
     "04": Lab("04_fully_shard.py", "labs.checks.fully_shard", "shard the model with FSDP2: per block, then the root"),
     "04-accumulate": Lab("04_accumulate.py", "labs.checks.accumulate",
                          "accumulate gradients under FSDP2 with one reduce-scatter per optimizer step"),
@@ -31,12 +32,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("lab", choices=LABS)
     parser.add_argument("--file", help="the file to check (default: labs/<the lab's file>)")
+    parser.add_argument("--address", default="local",
+                        help="the Ray labs' cluster, HOST:PORT (default: start Ray on this machine)")
     args = parser.parse_args(argv)
     lab = LABS[args.lab]
     path = (ROOT / "labs" / lab.file) if args.file is None else args.file
     print(f"lab {args.lab}: {lab.task}\nchecking {path}", flush=True)
     start = time.monotonic()
-    outcomes = importlib.import_module(lab.checks).run(path)
+    checks = importlib.import_module(lab.checks)
+    outcomes = checks.run(path, args.address) if lab.ray else checks.run(path)
     for o in outcomes:
         print(f"PASS  {o.check}" if o.passed else f"FAIL  {o.check}: {o.failure}\n      hint: {o.hint}")
     passed = sum(o.passed for o in outcomes)

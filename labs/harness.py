@@ -105,13 +105,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ray(**environment: str) -> None:
-    """A Ray on this machine for a lab's check, with 2 CPUs (2 workers): its controller polls the workers every
-    0.2 s (each report waits for a poll), and its workers import labs/ and common/ from this repository. The
-    environment is set first, so that Ray hands it on to its controller and workers."""
+def start_ray(address: str, **environment: str) -> None:
+    """Ray for a lab's check: started on this machine with 2 CPUs (2 workers), or the cluster at address. Its
+    controller polls the workers every 0.2 s (each report waits for a poll), and its workers import labs/ from
+    this repository. The environment is set first: Ray hands it on to the controller and the workers."""
     import ray
 
     from common.ray_setup import init_options
 
-    os.environ.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT), **environment)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, **init_options("local"))
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", **environment)
+    cpus = dict(num_cpus=2, include_dashboard=False) if address == "local" else {}
+    ray.init(address=address, **cpus, **init_options(address),
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})

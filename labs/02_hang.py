@@ -1,0 +1,70 @@
+"""Lab 02-hang: this Ray Train run hangs after its first epoch. Find where each worker waits, then fix it.
+
+Run it (it hangs; Ctrl-C ends it):
+
+    python labs/02_hang.py --data synthetic --model tiny --epochs 2 --steps-per-epoch 4 --batch-size 32
+
+and meanwhile, in another terminal, look at each worker's stack with the tools of TROUBLESHOOTING.md ("The run
+hangs at a report or a collective"): `py-spy dump --pid PID` for each PID of `ps aux | grep RayTrainWorker`.
+Then fix train_func (a few lines) and check it; the check runs train_func on 2 Ray workers, with Ray's collective
+timeout set so that a hang ends as an error:
+
+    python -m labs.check 02-hang
+
+A solution: labs/solutions/02_hang.py.
+"""
+import argparse
+import itertools
+import tempfile
+from pathlib import Path
+
+import ray
+import ray.train.torch
+import torch
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common import augment_batch, build_model, load_data, make_optimizer, make_parser
+
+
+def main():
+    args = make_parser(__doc__, "lab").parse_args()
+    ray.init()
+    trainer = TorchTrainer(train_func, train_loop_config=vars(args), scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(storage_path=args.checkpoint_dir))
+    print(trainer.fit().metrics)
+
+
+def train_func(config):
+    """Runs in each of the 2 Ray workers: an epoch of DDP training, then a report, per epoch."""
+    args = argparse.Namespace(**config)
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    master_process = rank == 0
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size // world_size, sampler=sampler, drop_last=True)
+    torch.manual_seed(args.seed)
+    model = ray.train.torch.prepare_model(build_model(args.model))  # DDP
+    optimizer = make_optimizer(model, args, torch.device("cpu"))
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for images, labels, ids in itertools.islice(train_loader, args.steps_per_epoch):
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(model(augment_batch(images, ids, epoch, args.seed)), labels)
+            loss.backward()
+            optimizer.step()
+        # Rank 0 saves the model for everyone: the ranks hold the same weights.
+        if master_process:
+            with tempfile.TemporaryDirectory() as checkpoint_dir:
+                torch.save(model.module.state_dict(), Path(checkpoint_dir) / "model.pt")
+                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
+                ray.train.report(dict(epoch=epoch + 1, train_loss=loss.item()), checkpoint=checkpoint)
+
+
+if __name__ == "__main__":
+    main()
