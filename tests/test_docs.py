@@ -6,6 +6,15 @@
 - Every command is safe to paste on an attendee's machine: no path into this repository's offline copy of
   CIFAR-10, no flag value meaningful only for it, no output into benchmarks/published/ (benchmarks/README.md's
   maintainer section excepted).
+- Every torchrun, `ray` and `mlflow` command takes the options it is shown with (torchrun's own parser, Ray's and
+  MLflow's click commands).
+- Every command that runs longer than its step's minutes in README.md's path table says so: a trailing comment,
+  `# about N min`, within a fifth of what the published measurements (benchmarks/published/steps/results.json:
+  the run's start-up, images/s and evaluation time) make of its epochs and steps. The install and the test
+  commands state their cost beside them.
+- No document names an environment variable as Ray's that Ray does not read: every `RAY_...` name is in Ray's
+  installed sources or binaries, or its sentence says which of the workshop's files reads it.
+- TROUBLESHOOTING.md's contents list is its headings, in order.
 - Every `diff -u OLD NEW` the documents name compares two files that exist.
 - Every "what you'll see" block (a ```text block right after `<!-- output: SCRIPT -->`) is what SCRIPT prints:
   each line is one that a print of the script or of common/ can produce (matched against the f-strings in their
@@ -14,6 +23,7 @@
 import argparse
 import ast
 import glob
+import json
 import re
 import sys
 from pathlib import Path
@@ -98,6 +108,255 @@ def test_every_command_is_safe_to_paste_on_an_attendees_machine(document):
     assert [unsafe for unsafe in UNSAFE if unsafe in text] == []
 
 
+# --- launchers: torchrun, ray, mlflow ------------------------------------------------------------------------
+
+def launcher_commands():
+    for document in DOCUMENTS:
+        for block in blocks(document, "bash"):
+            for words in commands(block):
+                if words[0] in ("torchrun", "ray", "mlflow"):
+                    yield pytest.param(words, id=f"{document.relative_to(ROOT)}: {' '.join(words)[:70]}")
+
+
+def click_accepts(group, words: list[str]):
+    """Parses words with the click group's command (no callback runs); raises click's error for a bad option."""
+    import click
+
+    command = group.get_command(click.Context(group), words[0])
+    assert command is not None, f"no command {words[0]}"
+    command.make_context(words[0], list(words[1:]))
+
+
+@pytest.mark.parametrize("words", list(launcher_commands()))
+def test_every_launcher_command_takes_its_options(words):
+    if words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        script = next(i for i, w in enumerate(words) if w.endswith(".py"))
+        get_args_parser().parse_args(words[1:script + 1])  # exits with a usage error on an unknown option
+    elif words[0] == "ray":
+        from ray.scripts.scripts import cli
+
+        click_accepts(cli, words[1:])
+    else:
+        from mlflow.cli import cli
+
+        click_accepts(cli, words[1:])
+
+
+def test_the_launcher_check_tells_a_bad_option_apart():
+    import click
+    from ray.scripts.scripts import cli
+    from torch.distributed.run import get_args_parser
+
+    with pytest.raises(click.exceptions.NoSuchOption):
+        click_accepts(cli, ["start", "--heads"])
+    with pytest.raises(SystemExit):
+        get_args_parser().parse_args(["--max-retries", "3", "train_ddp.py"])
+
+
+# --- what a command costs ---------------------------------------------------------------------------------------
+
+STEPS_RESULTS = json.loads((ROOT / "benchmarks/published/steps/results.json").read_text())
+PUBLISHED = {run["name"]: run for run in STEPS_RESULTS["runs"] if run["status"] == "ok"}
+STATED = re.compile(r"#.*\babout (\d+) min\b")
+VALIDATION_IMAGES, TEST_IMAGES = 5_000, 10_000
+
+
+def step_minutes() -> dict:
+    """README.md's path table: the minutes of each step, the largest where a step runs two commands (01)."""
+    rows = re.findall(r"^\| \[(\d\d)\]\(.*?\) \| .*? \| ([\d min+]+) \|", (ROOT / "README.md").read_text(), re.M)
+    return {step: max(int(m) for m in re.findall(r"\d+", cell)) for step, cell in rows}
+
+
+def the_published_run(script: str, flags: argparse.Namespace, launcher: str) -> str | None:
+    """The run of the steps benchmark that this command repeats, up to its epochs and steps."""
+    name = Path(script).name
+    if name == "train_ray_ddp.py" and flags.num_workers == 0:
+        return "ray_ddp_local_torchrun" if launcher == "torchrun" else "ray_ddp_local"
+    if name == "train_ray_ddp.py" and flags.num_workers == 1:
+        return "ray_ddp_1_worker"
+    if name == "train_ray_fsdp2.py" and flags.mixed_precision:
+        return "ray_fsdp2_mp_offload"
+    return {"train_single_machine.py": "single_machine", "train_ddp.py": "ddp", "train_ray_ddp.py": "ray_ddp",
+            "train_ray_ddp_with_mlflow.py": "ray_ddp", "train_ray_ddp_with_ray_data.py": "ray_ddp_data",
+            "train_ray_fsdp.py": "ray_fsdp", "train_ray_fsdp2.py": "ray_fsdp2",
+            "tune_ray_ddp.py": "ray_tune"}.get(name)
+
+
+def epoch_seconds(run: dict, steps: int, images_evaluated: int) -> float:
+    """One epoch of a published run at `steps` steps: its training at the run's images/s, and its evaluation (the
+    rest of the run's wall time after its start-up and its own training), scaled to the images evaluated."""
+    s, cut = run["summary"], STEPS_RESULTS["steps_per_epoch"]
+    batch, ips = s["global_batch_size"], s["images_per_s"]
+    evaluation = run["wall_s"] - run["launch_to_first_step_s"] - cut * batch / ips
+    return steps * batch / ips + evaluation * images_evaluated / TEST_IMAGES
+
+
+def estimated_minutes(script: str, words: list[str], launcher: str) -> float | None:
+    """What the published measurements make of a command on the benchmark's 2 cores; None where they cannot say:
+    another model or data, a cluster (--address), a run resumed from somewhere, torchrun restarting it."""
+    p = argparse.ArgumentParser(add_help=False)
+    for flag, kind in [("--epochs", int), ("--steps-per-epoch", int), ("--num-workers", str),
+                       ("--num-samples", int), ("--fail-at-epoch", int), ("--batch-size", int),
+                       ("--model", str), ("--data", str), ("--address", str), ("--eval-images", int)]:
+        p.add_argument(flag, type=kind)
+    for flag in ("--resume", "--mixed-precision"):
+        p.add_argument(flag, action="store_true")
+    flags, _ = p.parse_known_args(words)
+    if flags.num_workers is not None:  # a range, MIN-MAX, is an elastic run: none was published
+        flags.num_workers = int(flags.num_workers) if flags.num_workers.isdigit() else -1
+    name = the_published_run(script, flags, launcher)
+    if (name is None or name not in PUBLISHED or flags.model not in (None, "hybrid") or flags.address
+            or flags.resume or flags.batch_size not in (None, 128) or flags.eval_images
+            or (launcher == "torchrun" and "--max-restarts" in " ".join(words))):
+        return None
+    epochs = flags.epochs or 10
+    if name == "ray_tune":  # the benchmark's sweep, with more or longer trials: 1-worker trials, two at a time
+        if flags.data not in (None, "cifar10-val") or flags.num_workers != 1:
+            return None
+        measured = PUBLISHED[name]
+        base = dict(zip(measured["flags"][::2], measured["flags"][1::2], strict=True))
+        trial = PUBLISHED["ray_ddp_1_worker"]
+        steps = flags.steps_per_epoch or (45_000 // 128)
+        more = ((flags.num_samples or 8) * epochs * epoch_seconds(trial, steps, VALIDATION_IMAGES)
+                - int(base["--num-samples"]) * int(base["--epochs"])
+                * epoch_seconds(trial, int(base["--steps-per-epoch"]), VALIDATION_IMAGES))
+        return (measured["wall_s"] + more / 2) / 60
+    if flags.data not in (None, "cifar10"):
+        return None
+    run = PUBLISHED[name]
+    if launcher == "torchrun" and flags.fail_at_epoch:
+        epochs = flags.fail_at_epoch  # the crash ends the run: torchrun restarts nothing unless told to
+    restarts = 1 if flags.fail_at_epoch and launcher != "torchrun" else 0  # Ray restarts the worker group once
+    start = run["launch_to_first_step_s"]
+    seconds = start + epochs * epoch_seconds(run, flags.steps_per_epoch or 50_000 // 128, TEST_IMAGES)
+    return (seconds + restarts * (start - run["imports_s"])) / 60
+
+
+def step_of(script: str) -> str | None:
+    folder = Path(script).parts[0]
+    return folder[:2] if re.fullmatch(r"0\d-.*", folder) else None
+
+
+def costed_commands():
+    """(document, command, its trailing comment, launcher) for every command of the attendees' documents that
+    runs a step's script."""
+    for document in DOCUMENTS:
+        if document.parent.name in ("slides", "benchmarks", "tests"):
+            continue  # the maintainers' and the deck's
+        for block in blocks(document, "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                command, _, comment = line.partition(" #")
+                for part in re.split(r"&&|;|\|", command):
+                    words = part.split()
+                    if not words or words[0] in ("diff", "git", "cat", "ls", "cd"):  # they name files
+                        continue
+                    scripts = [i for i, w in enumerate(words) if re.fullmatch(r"0\d-[\w-]+/\w+\.py", w)]
+                    if scripts:
+                        yield document, words[scripts[0]], words[scripts[0] + 1:], comment, words[0]
+
+
+@pytest.mark.parametrize("document, script, words, comment, launcher", [
+    pytest.param(*c, id=f"{c[0].relative_to(ROOT)}: {c[1]} {' '.join(c[2])}"[:100]) for c in costed_commands()])
+def test_a_command_longer_than_its_step_states_what_the_measurements_make_of_it(document, script, words, comment,
+                                                                                 launcher):
+    estimate = estimated_minutes(script, words, launcher)
+    document = document.relative_to(ROOT)
+    stated = STATED.search("#" + comment)
+    if estimate is not None and estimate > step_minutes()[step_of(script)] + 1:
+        assert stated, (f"{document}: {script} {' '.join(words)} runs about {estimate:.0f} min on 2 cores, more "
+                        f"than step {step_of(script)}'s {step_minutes()[step_of(script)]} min: end its line with "
+                        f"'# about {estimate:.0f} min'")
+    if stated and estimate is not None:
+        assert abs(int(stated.group(1)) - estimate) <= max(2, estimate / 5), (
+            f"{document}: {script} {' '.join(words)} says about {stated.group(1)} min; the published "
+            f"measurements make it {estimate:.0f} min")
+
+
+def test_the_estimate_is_the_path_tables_for_one_epoch_and_grows_with_the_work():
+    """One epoch of a step is what README.md's path table says (both from the same runs); more epochs, a slower
+    configuration or a longer sweep cost more."""
+    minutes = step_minutes()
+    for script, step in [("01-vanilla-pytorch-ddp/train_single_machine.py", "01"),
+                         ("02-ray-train-ddp/train_ray_ddp.py", "02"), ("03-ray-train-fsdp/train_ray_fsdp.py", "03"),
+                         ("04-ray-train-fsdp2/train_ray_fsdp2.py", "04")]:
+        assert minutes[step] - 1 < estimated_minutes(script, ["--epochs", "1"], "python") <= minutes[step], script
+    fsdp2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+    assert estimated_minutes(fsdp2, ["--epochs", "1", "--mixed-precision"], "python") > 5 * minutes["04"]
+    assert estimated_minutes(fsdp2, ["--epochs", "3"], "python") > 2.5 * minutes["04"]
+    tune = "05-ray-tune/tune_ray_ddp.py"
+    sweep = ["--num-workers", "1", "--num-samples", "4", "--steps-per-epoch", "50", "--epochs"]
+    assert minutes["05"] - 1 < estimated_minutes(tune, [*sweep, "1"], "python") <= minutes["05"]
+    assert estimated_minutes(tune, [*sweep, "2"], "python") > estimated_minutes(tune, [*sweep, "1"], "python") + 3
+    assert estimated_minutes(fsdp2, ["--model", "giant"], "python") is None
+    assert STATED.search("# about 65 min, 1.4 GB").group(1) == "65" and not STATED.search("about 65 min")
+
+
+def test_the_install_and_the_test_commands_state_their_cost():
+    start = (ROOT / "README.md").read_text().split("## Start here")[1].split("\n## ")[0]
+    assert re.search(r"downloads about [\d.]+ GB and takes [\d.]+ GB of disk", start), "install: its size"
+    assert re.search(r"\d+ s on a .*2-core machine", start), "install: how long it took"
+    assert "https://download.pytorch.org/whl/cpu" in start, "install: PyTorch's CPU wheels"
+    assert re.search(r"`python -m pytest -m smoke`,\s+every script once in about \d+ min", start)
+    assert re.search(r"whole suite, below, took \d+ to \d+ min", start), "the tests: how long the suite takes"
+
+
+# --- Ray's environment variables, and TROUBLESHOOTING.md's contents ----------------------------------------------
+
+def ray_reads() -> str:
+    """The text of Ray's installed Python sources and of its compiled core (where the RAY_<config> names live)."""
+    import ray
+
+    package = Path(ray.__file__).parent
+    texts = [p.read_text(errors="ignore") for p in package.rglob("*.py")]
+    for binary in ("_raylet.so", "core/src/ray/raylet/raylet", "core/src/ray/gcs/gcs_server"):
+        if (package / binary).is_file():
+            texts.append((package / binary).read_bytes().decode("latin-1"))
+    return "\n".join(texts)
+
+
+RAY_NAME = re.compile(r"\bRAY_[A-Za-z0-9_]+")
+OURS = re.compile(r"the steps read|common/\w+\.py|0\d-[\w-]+/\w+\.py")
+
+
+def named_as_rays(text: str, ray_text: str) -> list[str]:
+    """The RAY_ names that Ray does not read, named in a sentence that does not say which of our files reads it."""
+    wrong = []
+    for paragraph in re.split(r"\n\s*\n|\n- ", text):
+        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", " ".join(paragraph.split())):
+            for name in set(RAY_NAME.findall(sentence)):
+                if name not in ray_text and not OURS.search(sentence):
+                    wrong.append(name)
+    return wrong
+
+
+def test_no_document_names_an_environment_variable_as_rays_that_ray_does_not_read():
+    ray_text = ray_reads()
+    wrong = {str(d.relative_to(ROOT)): named_as_rays(d.read_text(), ray_text) for d in DOCUMENTS}
+    assert {d: names for d, names in wrong.items() if names} == {}
+    # and the check tells them apart: Ray's own, ours attributed, ours presented as Ray's
+    assert named_as_rays("Set `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`.", ray_text) == []
+    assert named_as_rays("Set `RAY_memory_usage_threshold`.", ray_text) == []  # read by the raylet (C++)
+    assert named_as_rays("The steps read `RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S` (`common/ray_setup.py`).",
+                         ray_text) == []
+    assert named_as_rays("Shorten `RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S` (60 s).", ray_text) == \
+        ["RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S"]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_troubleshootings_contents_list_is_its_headings_in_order():
+    text = (ROOT / "TROUBLESHOOTING.md").read_text()
+    listed = re.findall(r"^- \[(.+?)\]\(#([\w-]+)\)", text.split("\n### ")[0], re.M)
+    headings = re.findall(r"^### (.+)$", text, re.M)
+    assert [target for _, target in listed] == [anchor(h) for h in headings]
+    assert [title for title, _ in listed] == headings
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_diff_compares_files_that_exist(document):
     for old, new in re.findall(r"diff -u ([^\s`]+) ([^\s`]+)", document.read_text()):
@@ -133,13 +392,16 @@ def printed_patterns(path: Path) -> list[re.Pattern]:
 
 
 def summary_keys(path: Path) -> list[str]:
-    """The keys of the JSON summary a script prints: the keywords of its dict(step=...) calls, in order."""
-    keys = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict" and \
-                any(k.arg == "step" for k in node.keywords):
-            keys += [k.arg for k in node.keywords if k.arg]
-    return keys
+    """The keys of the JSON summary a script prints: the keywords of its dict(step=...) calls, in order; those of
+    common/ where the script builds none itself (a summary that common/ builds for every step)."""
+    def keys_in(source: Path) -> list[str]:
+        keys = []
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict" and \
+                    any(k.arg == "step" for k in node.keywords):
+                keys += [k.arg for k in node.keywords if k.arg]
+        return keys
+    return keys_in(path) or [key for source in sorted((ROOT / "common").glob("*.py")) for key in keys_in(source)]
 
 
 def quoted_outputs():
