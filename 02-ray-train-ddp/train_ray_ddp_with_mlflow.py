@@ -29,7 +29,7 @@ from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choo
 from common.ray_setup import crash_one_worker, print_best, progress_bar, run_folder, run_name
 from common.tracking import add_tracking_flag, find_or_create_run, logged_epochs, tracker_flags
 
-STEP = "ray_ddp"
+STEP = "ray_ddp_mlflow"  # its own runs: --resume never picks a train_ray_ddp.py run
 
 
 def main():

@@ -48,8 +48,10 @@ def main():
         ray.init(address=args.address, **init_options(args.address),
                  runtime_env={"py_modules": [common], **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
-    how = ('prepare_model(parallel_strategy="fsdp") on GPUs' if use_gpu else
-           "on CPUs, FullyShardedDataParallel by hand: prepare_model refuses fsdp without CUDA")
+    how = ('prepare_model(parallel_strategy="fsdp") on GPUs' if use_gpu and args.num_workers else
+           "on CPUs, FullyShardedDataParallel by hand: prepare_model refuses fsdp without CUDA"
+           if args.num_workers else "local mode, FullyShardedDataParallel by hand: sharded over "
+           "torchrun's processes, over one process nothing is")
     print(f"FSDP1: {how}")
     trainer = TorchTrainer(
         train_func,
@@ -99,11 +101,7 @@ def train(args, rank, world_size, master_process, device):
     # Shards the model: one FSDP unit per transformer block, so a block's full weights exist only
     # while it runs, in forward and in backward.
     fsdp = dict(auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}), use_orig_params=True)
-    if device.type == "cuda":  # also moves the model to this worker's GPU
-        model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp",
-                                              parallel_strategy_kwargs=fsdp)
-    else:  # what prepare_model does on GPUs; it refuses CPUs, where FSDP1 trains too (gloo)
-        model = FullyShardedDataParallel(model, device_id=device, **fsdp)
+    model = shard_fsdp1(model, device, world_size, fsdp)
     # Checkpoints hold the whole model and optimizer state, gathered to rank 0's RAM (cpu_offload).
     # On CPUs every rank gets a copy instead: there PyTorch 2.14's cpu_offload returns every
     # optimizer state as a view of one reused buffer (exp_avg would be saved holding exp_avg_sq).
@@ -186,6 +184,17 @@ def train(args, rank, world_size, master_process, device):
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch:  # practice: Ray restarts the group from this checkpoint
             crash_one_worker(rank, world_size)
+
+
+def shard_fsdp1(model, device, world_size, fsdp):
+    """prepare_model(parallel_strategy="fsdp") where it shards: on GPUs, over 2 or more workers. It
+    refuses CPUs, where FSDP1 trains too (gloo), and leaves a world of one unwrapped (local mode):
+    there, the same wrap by hand, which on one process shards nothing but keeps FSDP's API."""
+    if device.type == "cuda" and world_size > 1:  # also moves the model to this worker's GPU
+        return ray.train.torch.prepare_model(
+            model, parallel_strategy="fsdp",
+            parallel_strategy_kwargs=fsdp)
+    return FullyShardedDataParallel(model, device_id=device, **fsdp)
 
 
 if __name__ == "__main__":

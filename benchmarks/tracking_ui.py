@@ -34,7 +34,7 @@ from benchmarks.compare_steps import describe_machine  # noqa: E402
 from common.tracking import RAY_RUN_TAG, absolute_uri  # noqa: E402
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
-EXPERIMENT = "ray_ddp"  # the variant's STEP: its MLflow experiment
+EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP: its MLflow experiment
 RUN_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "3", "--steps-per-epoch", "20", "--num-workers", "2"]
 WINDOW = dict(width=1600, height=1000)
 # The UI's own settings, in the browser's localStorage (MLflow 3.17): the "Model training" view rather than

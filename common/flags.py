@@ -112,7 +112,8 @@ def check_flags(parser: Parser, args) -> None:
         if flag_value(args, flag) == 0 and flag == "--num-workers" and parser.local_mode:
             continue
         if flag_value(args, flag) is not None and flag_value(args, flag) < 1:
-            bad(flag, "must be at least 1")
+            local_mode = flag == "--num-workers" and parser.local_mode
+            bad(flag, "must be 0 (Ray Train's local mode) or more" if local_mode else "must be at least 1")
     if flag_value(args, "--num-workers") == 0 and (args.resume or args.fail_at_epoch):
         bad("--num-workers", "is Ray Train's local mode, which keeps no checkpoints; drop --resume and "
                              "--fail-at-epoch, or use --num-workers 1 or more")

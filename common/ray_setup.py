@@ -2,6 +2,9 @@
 cluster can never run the job, runs named so that --resume finds the last one, Ray Train's local mode,
 and a progress bar from a worker."""
 import argparse
+import atexit
+import contextlib
+import itertools
 import logging
 import os
 import re
@@ -17,6 +20,7 @@ from ray.experimental import tqdm_ray
 from .errors import fail, first_process
 from .flags import flag_value
 from .training import check_compatible
+from .worker_setup import quiet_report_logs
 
 POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see init_options)
 # An elastic run (--num-workers MIN-MAX) asks this often whether the cluster now holds more or fewer workers:
@@ -84,26 +88,7 @@ def init_options(address: str) -> dict:
 # The job's runtime_env beyond the code it ships (ray.init's runtime_env in every Ray step): prints from workers
 # reach the console at once, and every process of the job runs setup_worker first.
 WORKER_SETUP = {"env_vars": {"PYTHONUNBUFFERED": "1"},
-                "worker_process_setup_hook": "common.ray_setup.setup_worker"}
-
-
-def setup_worker() -> None:
-    """Runs first in every process of a Ray step's job: its Ray Train workers, controller and helpers."""
-    quiet_report_logs()
-    # Ray's state queries without an address (Train's placement-group cleaner asks them every few seconds whether
-    # the controller lives) reach the cluster named by RAY_ADDRESS, else the Ray started last on this machine,
-    # which may be another one: when that one stops, the query times out and its thread dies with a traceback.
-    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-
-
-def quiet_report_logs() -> None:
-    """Call in each worker. Ray Train logs every ray.train.report at INFO, from every rank, through a logger
-    named after its source file (not "ray.train"), which its LoggingConfig does not reach; in local mode,
-    no worker applies that LoggingConfig at all."""
-    from ray.train.v2._internal.execution import context
-
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
+                "worker_process_setup_hook": "common.worker_setup.setup_worker"}
 
 
 def progress_bar(batches, total: int, desc: str, show: bool):
@@ -195,12 +180,37 @@ def prepare_local_mode(args) -> bool:
     return torch.cuda.is_available()
 
 
+def new_run_name(step: str, checkpoint_dir: str, claim: bool = True) -> str:
+    """step-YYYYmmdd-HHMMSS, claimed by creating its folder: a second run started in the same second in the same
+    --checkpoint-dir gets -2 (-3, ...), and never restores the first. Names sort in the order runs started. Local
+    mode (claim=False) writes nothing, so claims nothing."""
+    stamp = f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not claim:
+        return stamp
+    if "://" in checkpoint_dir:  # a URI: no folder to claim; the process id tells runs of one second apart
+        return f"{stamp}-{os.getpid()}"
+    for n in itertools.count(1):
+        name = stamp if n == 1 else f"{stamp}-{n}"
+        folder = Path(checkpoint_dir) / name
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        atexit.register(remove_if_empty, folder)  # a run refused before Ray wrote anything leaves no trace
+        return name
+
+
+def remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty: Ray ran there
+        folder.rmdir()
+
+
 def run_name(step: str, args) -> str:
     """A new run gets a fresh name; --resume reuses the newest run's name, which makes Ray restore it.
     Checked here, on the driver, from the checkpoints' metadata: an error inside a worker would count as
     a worker failure and be retried --max-failures times."""
     if not args.resume:
-        return f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return new_run_name(step, args.checkpoint_dir, claim=getattr(args, "num_workers", 1) != 0)
     if "://" in args.checkpoint_dir:
         raise fail(f"--resume finds the last run in a local or mounted --checkpoint-dir, not {args.checkpoint_dir}")
     runs = sorted(p for p in Path(args.checkpoint_dir).glob(f"{step}-*") if p.is_dir())

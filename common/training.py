@@ -59,10 +59,12 @@ def evaluate(model, images, labels, device, rank=0, world_size=1, batch_size=500
     it), because a sharded model (FSDP) needs all ranks in every forward.
     """
     model.eval()
-    shard = torch.arange(rank, len(labels), world_size)
+    shard = torch.arange(len(labels))[rank::world_size]  # empty on a rank past the last image
     per_rank = math.ceil(len(labels) / world_size)
     counted = torch.arange(per_rank) < len(shard)
-    shard = torch.cat([shard, shard[-1:].expand(per_rank - len(shard))])
+    # The filler: this shard's last image, or image 0 for a rank with none (fewer images than ranks).
+    filler = shard[-1:] if len(shard) else torch.zeros(1, dtype=torch.int64)
+    shard = torch.cat([shard, filler.expand(per_rank - len(shard))])
     result = torch.zeros(2, dtype=torch.int64, device=device)
     for start in range(0, per_rank, batch_size):
         index, keep = shard[start:start + batch_size], counted[start:start + batch_size].to(device)

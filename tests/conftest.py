@@ -243,6 +243,12 @@ def latest_ray_checkpoint(storage) -> Path:
     return ray_checkpoints(storage)[-1]
 
 
+def best_epoch(history: list) -> dict:
+    """The epoch whose checkpoint Ray calls best (CheckpointConfig scores test accuracy): the most accurate, and of a
+    tie the latest, as Ray orders equal scores by when they were reported (test_runs checks it)."""
+    return max(reversed(history), key=lambda epoch: epoch["test_accuracy"])
+
+
 def load_weights(checkpoint_dir) -> dict:
     """Model weights from a step's checkpoint folder (step 01's --checkpoint-dir or a Ray checkpoint)."""
     return torch.load(Path(checkpoint_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]

@@ -198,6 +198,20 @@ def test_evaluation_counts_every_test_image_exactly_once(world_size):
             int(even[shard].sum()), len(shard)], rank
 
 
+def test_evaluation_on_fewer_images_than_ranks_counts_each_once_and_runs_as_many_forwards_on_every_rank():
+    """--eval-images 2 on 4 ranks: ranks 2 and 3 have no image of their own, yet run the forward passes a sharded
+    model needs from every rank (on a filler image they do not count)."""
+    data = load_data("synthetic", "unused")
+    images, labels = data.test_images[:2], data.test_labels[:2]
+    forwards = []
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    model.register_forward_hook(lambda module, args, output: forwards.append(len(output)))
+    tallies = [evaluate(model, images, labels, torch.device("cpu"), rank, 4).tolist() for rank in range(4)]
+    assert [counted for _, counted in tallies] == [1, 1, 0, 0]
+    assert sum(correct for correct, _ in tallies) == evaluate(model, images, labels, torch.device("cpu"))[0]
+    assert forwards[:8] == [1] * 8  # each rank: one image and its mirror
+
+
 def test_evaluation_scores_the_mean_prediction_of_each_image_and_its_mirror():
     data = load_data("synthetic", "unused")
     images, labels = data.test_images[:64], data.test_labels[:64]

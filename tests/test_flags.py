@@ -57,7 +57,6 @@ STEP_01 = [
 RAY_ONLY = [
     (["--num-workers", "2", "--batch-size", "32", "--grad-accum-steps", "3"],
      "error: --batch-size 32 does not split evenly over 2 process(es) x --grad-accum-steps 3; use a multiple of 6"),
-    (["--num-workers", "-1"], "error: --num-workers -1 must be at least 1"),
     (["--max-failures", "-1"], "error: --max-failures -1 must be 0 or more"),
     (["--num-workers", "3", "--batch-size", "32"],
      "error: --batch-size 32 does not split evenly over 3 processes; use a multiple of 3"),
@@ -97,8 +96,10 @@ INFERENCE_CASES = [
 ]
 # --num-workers 0 is Ray Train's local mode in steps 02 to 04; the Ray Data variant and the sweep need Ray.
 LOCAL_MODE_SCRIPTS = RAY_SCRIPTS[0:1] + RAY_SCRIPTS[2:4]
-NEED_RAY = [(["--num-workers", "0"], "error: --num-workers 0 must be at least 1")]
+NEED_RAY = [(["--num-workers", "0"], "error: --num-workers 0 must be at least 1"),
+            (["--num-workers", "-1"], "error: --num-workers -1 must be at least 1")]
 LOCAL_MODE = [
+    (["--num-workers", "-1"], "error: --num-workers -1 must be 0 (Ray Train's local mode) or more"),
     (["--num-workers", "0", "--resume"], "error: --num-workers 0 is Ray Train's local mode, which keeps no "
      "checkpoints; drop --resume and --fail-at-epoch, or use --num-workers 1 or more"),
     (["--num-workers", "0", "--epochs", "2", "--fail-at-epoch", "1"], "error: --num-workers 0 is Ray Train's local "

@@ -155,8 +155,8 @@ def test_tracked_variant_logs_every_epoch_in_local_mode(background):
 
     result, _ = background.finish("mlflow")
     summary = final_json(result)
-    assert_sane_summary(summary, "ray_ddp", world_size=1)
+    assert_sane_summary(summary, "ray_ddp_mlflow", world_size=1)
     client = MlflowClient(result.args[result.args.index("--tracking-uri") + 1])
-    (run,) = client.search_runs([client.get_experiment_by_name("ray_ddp").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("ray_ddp_mlflow").experiment_id])
     logged = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
     assert logged == [(h["epoch"], h["test_accuracy"]) for h in summary["history"]]

@@ -29,6 +29,19 @@ def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
     build_model("tiny").load_state_dict(load_weights(checkpoint))
 
 
+def test_a_restarted_runs_summary_covers_the_whole_run(ray_run):
+    """images/s over every epoch, the one before the crash included; launch to first step and the start-up phases of
+    the first attempt, kept with the first epoch (the restarted attempt's would count the crash in)."""
+    summary = ray_run[0]
+    history, first = summary["history"], summary["history"][0]
+    seconds = sum(h["epoch_time_s"] for h in history)
+    assert summary["images_per_s"] == pytest.approx(sum(h["images_per_s"] * h["epoch_time_s"] for h in history)
+                                                    / seconds)
+    assert summary["time_to_first_step_s"] == first["time_to_first_step_s"]
+    assert summary["startup_s"] == {phase: first[f"startup_{phase}_s"] for phase in ("launcher", "data", "model")}
+    assert "time_to_first_step_s" not in history[1]  # the restart's own start-up is not the run's
+
+
 def test_ray_ddp_all_reduces_as_torchrun_ddp_does(ray_run, ddp_run):
     """The same buckets, each all-reduced once per optimizer step of 2 micro-batches, on every Ray worker."""
     assert collectives_per_step(profile_summary(ray_run[1])) == collectives_per_step(profile_summary(ddp_run[1]))
@@ -61,7 +74,8 @@ def test_resume_with_another_preset_is_refused_before_ray_starts(ray_run, main_e
 ])
 def test_requests_the_cluster_cannot_hold_fail_at_once_with_one_line(cluster_main_error, tmp_path, flags, message):
     error = cluster_main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", str(tmp_path), *flags)
-    assert message in error and not any(tmp_path.iterdir())  # no run started
+    # No run started: nothing written (its name claimed an empty folder, which the script removes as it exits).
+    assert message in error and not any(path.is_file() for path in tmp_path.rglob("*"))
 
 
 def test_unreachable_address_is_a_one_line_error(tmp_path, main_error):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_same_weights, assert_sane_summary,
+from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_same_weights, assert_sane_summary, load_script,
                       collectives_per_step, final_json, latest_ray_checkpoint, load_weights, profile_summary,
                       ray_script)
 
@@ -80,3 +80,17 @@ def test_fsdp1_gathers_each_unit_and_reduce_scatters_once_per_optimizer_step(fsd
     units = len(build_model("tiny").encoder.layers) + 1
     for calls in collectives_per_step(profile_summary(fsdp1_run[1])):
         assert calls["reduce_scatter"] == units and calls["all_gather"] > 0 and "all_reduce" not in calls
+
+
+@pytest.mark.parametrize("device, world_size, wrapped_by", [("cuda", 2, "prepare_model"), ("cuda", 1, "hand"),
+                                                              ("cpu", 2, "hand"), ("cpu", 1, "hand")])
+def test_fsdp1_is_wrapped_by_hand_wherever_prepare_model_would_not_shard(device, world_size, wrapped_by,
+                                                                        monkeypatch):
+    """On a GPU in local mode (a world of one) prepare_model returns the model unwrapped, which has no no_sync() for
+    gradient accumulation: the script wraps it by hand there, as on CPUs, which prepare_model refuses."""
+    step03 = load_script(RAY_FSDP)
+    monkeypatch.setattr(step03.ray.train.torch, "prepare_model", lambda model, **kwargs: ("prepare_model", model))
+    monkeypatch.setattr(step03, "FullyShardedDataParallel", lambda model, **kwargs: ("hand", model))
+    model = torch.nn.Linear(2, 2)
+    wrapped = step03.shard_fsdp1(model, torch.device(device), world_size, {})
+    assert wrapped == (wrapped_by, model)

@@ -57,8 +57,21 @@ def finished_sweep(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("tune")
     result = sweep(ray_cluster, tmp_path, "--num-workers", "2", "--epochs", "3", "--num-samples", "3",
                    "--grace-period", "2", "--fail-at-epoch", "1", "--max-failures", "1", "--seed", SWEEP_SEED,
+                   "--profile-steps", "1",
                    timeout=900)  # 515 s for this fixture (cluster included) with the 2 cores 9x oversubscribed
     return final_json(result), tmp_path, result
+
+
+def test_each_trial_profiles_into_its_own_run_folder(finished_sweep):
+    """--profile-steps: a trace per rank and the summary in each trial's run folder, beside its checkpoints (where
+    step 02 alone would write them: under --checkpoint-dir, outside the sweep)."""
+    report, tmp_path, _ = finished_sweep
+    runs = sorted(Path(report["sweep"]).glob("train-*"))
+    assert len(runs) == 3
+    for run in runs:
+        assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank0.json.gz", "rank1.json.gz",
+                                                                       "summary.json"]
+    assert not list((tmp_path / "runs").glob("train-*"))
 
 
 @pytest.mark.timeout(60)

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from common import build_model, evaluate, load_data, predict
-from conftest import (EVAL_IMAGES, assert_same_weights, final_json, latest_ray_checkpoint, load_script, python,
-                      ray_checkpoints)
+from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, final_json, latest_ray_checkpoint, load_script,
+                      python, ray_checkpoints)
 
 INFER = "06-ray-data-inference/batch_inference.py"
 
@@ -48,7 +48,7 @@ def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_a
                    str(EVAL_IMAGES), "--actors", "2", "--batch-size", "100")
     inference = final_json(result)
     history = summary["history"]
-    best = max(history, key=lambda epoch: epoch["test_accuracy"])
+    best = best_epoch(history)
     # The run's metrics, every epoch, and the best checkpoint by test accuracy, which is the one classified.
     assert all(f"{epoch['train_loss']:.4f}" in result.stdout for epoch in history)
     assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in result.stdout

@@ -15,7 +15,7 @@ from conftest import (SMOKE, assert_same_weights, final_json, latest_ray_checkpo
                       ray_script)
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
-EXPERIMENT = "ray_ddp"  # the variant's STEP
+EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
 # As the step 02 smoke run (conftest's ray_run): the last worker crashes after epoch 1, Ray restarts the group.
 CRASH = ["--fail-at-epoch", "1", "--max-failures", "1"]
 RUN_TIMEOUT = 480  # s, for one Ray run: importing mlflow in the driver and the workers, on a busy 2-core machine
