@@ -13,7 +13,7 @@ import os
 import torch
 import torch.distributed as dist  # noqa: F401 (yours to use)
 from torch.nn.parallel import DistributedDataParallel  # noqa: F401 (yours to use)
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset  # noqa: F401
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler  # noqa: F401
 
 from common import augment_batch, build_model, evaluate, load_data, make_optimizer
 
@@ -29,9 +29,7 @@ def main(args) -> list[dict]:
 def train(args, rank, world_size, device) -> list[dict]:
     data = load_data(args.data, args.data_dir, args.eval_images)
     micro_batch = args.batch_size // world_size  # the global batch, split over the processes
-    # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    sample_ids = torch.arange(len(data.train_labels))
-    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     # TODO 2: give each rank its own disjoint shard of the training set, shuffled with args.seed.
     shuffle = torch.Generator()
     sampler = RandomSampler(train_set, generator=shuffle)

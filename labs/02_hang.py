@@ -23,7 +23,7 @@ import ray.train.torch
 import torch
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 from common import augment_batch, build_model, load_data, make_optimizer, make_parser
 
@@ -43,7 +43,7 @@ def train_func(config):
     rank, world_size = context.get_world_rank(), context.get_world_size()
     master_process = rank == 0
     data = load_data(args.data, args.data_dir, args.eval_images)
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=args.batch_size // world_size, sampler=sampler, drop_last=True)

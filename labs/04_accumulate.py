@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 from common import TRANSFORMER_BLOCK
 from common import augment_batch, build_model, load_data, make_optimizer
@@ -40,7 +40,7 @@ def main(args) -> list[float]:
 
 def train(args, rank, world_size) -> list[float]:
     data = load_data(args.data, args.data_dir, args.eval_images)
-    train_set = TensorDataset(data.train_images, data.train_labels, torch.arange(len(data.train_labels)))
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.

@@ -21,6 +21,8 @@ class Lab:
 
 LABS = {
     "01": Lab("01_ddp.py", "labs.checks.ddp", "make a single-process training loop distributed (DDP by hand)"),
+    "02": Lab("02_train_func.py", "labs.checks.train_func",
+              "run a training loop on Ray Train, reporting a checkpoint every epoch, and resume it", ray=True),
     "02-hang": Lab("02_hang.py", "labs.checks.hang", "find why a Ray Train run hangs, and fix it", ray=True),
     "04": Lab("04_fully_shard.py", "labs.checks.fully_shard", "shard the model with FSDP2: per block, then the root"),
     "04-accumulate": Lab("04_accumulate.py", "labs.checks.accumulate",

@@ -111,9 +111,9 @@ def start_ray(address: str, **environment: str) -> None:
     this repository. The environment is set first: Ray hands it on to the controller and the workers."""
     import ray
 
-    from common.ray_setup import init_options
+    from common.ray_setup import WORKER_SETUP, init_options
 
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", **environment)
     cpus = dict(num_cpus=2, include_dashboard=False) if address == "local" else {}
     ray.init(address=address, **cpus, **init_options(address),
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={**WORKER_SETUP, "env_vars": {**WORKER_SETUP["env_vars"], "PYTHONPATH": str(ROOT)}})

@@ -7,7 +7,7 @@ import itertools
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 from common import augment_batch, build_model, evaluate, load_data, make_optimizer
 
@@ -25,9 +25,7 @@ def main(args) -> list[dict]:
 def train(args, rank, world_size, device) -> list[dict]:
     data = load_data(args.data, args.data_dir, args.eval_images)
     micro_batch = args.batch_size // world_size  # the global batch, split over the processes
-    # Sample ids travel with each batch: augment_batch derives its randomness from them.
-    sample_ids = torch.arange(len(data.train_labels))
-    train_set = TensorDataset(data.train_images, data.train_labels, sample_ids)
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)

@@ -1,0 +1,89 @@
+"""Lab 02: run lab 01's training loop on Ray Train, reporting a checkpoint every epoch, and resume a stopped run
+from its last checkpoint, as 02-ray-train-ddp/train_ray_ddp.py does.
+
+fit() and train_func() are written: TorchTrainer starts 2 workers, starts their process group and calls
+train_func in each, which takes its rank from Ray. Write the TODOs in train() (about 15 lines). The check runs lab
+01's solution under torchrun's environment, then fit() for 1 epoch, then fit() for 2 epochs under the same run name,
+and compares what each reported, kept and trained:
+
+    python -m labs.check 02
+
+A solution: labs/solutions/02_train_func.py.
+"""
+import argparse
+import itertools
+import tempfile  # noqa: F401 (yours to use)
+from pathlib import Path  # noqa: F401
+
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+from common import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
+
+
+def fit(args, storage: str, name: str) -> ray.train.Result:
+    """train_func on 2 Ray workers. Given the name of an earlier run in storage, Ray resumes that run: its
+    workers find the last checkpoint it reported."""
+    trainer = TorchTrainer(train_func, train_loop_config=vars(args), scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(name=name, storage_path=storage))
+    return trainer.fit()
+
+
+def train_func(config):
+    """Runs in every worker. Ray has already started the process group and chosen the device."""
+    args = argparse.Namespace(**config)
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    master_process = rank == 0  # writes the checkpoint for everyone
+    train(args, rank, world_size, master_process, ray.train.torch.get_device())
+
+
+def train(args, rank, world_size, master_process, device):
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    micro_batch = args.batch_size // world_size  # the global batch, split over the processes
+    train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    steps_per_epoch = args.steps_per_epoch
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.model)
+    # TODO 1 (not checked: torchrun's DDP runs under Ray too): let Ray wrap the model in DDP and the loader, which
+    # also moves both to this worker's device (its own GPU on a GPU cluster).
+    model = DistributedDataParallel(model)
+    raw_model = model.module
+    optimizer = make_optimizer(model, args, device)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+    start_epoch, history = 0, []
+    # TODO 2: a resumed run (or a worker group Ray restarted) starts after the epoch of the run's last checkpoint,
+    # from its model, optimizer and history.
+
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        loss_sum = torch.zeros((), device=device)
+        for images, labels, ids in itertools.islice(train_loader, steps_per_epoch):
+            optimizer.zero_grad(set_to_none=True)
+            images = augment_batch(images, ids, epoch, args.seed)
+            loss = criterion(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()
+        dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
+        train_loss = loss_sum.item() / steps_per_epoch / world_size
+        tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
+        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
+        correct, counted = tally.tolist()
+        history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted))
+        # What a checkpoint holds, as common.load_checkpoint reads it.
+        state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,  # noqa: F841
+                     history=history, model_preset=args.model)
+        # TODO 3: hand Ray this epoch's metrics (history[-1]) and rank 0's checkpoint.pt of state (save_checkpoint
+        # writes one into a folder); Ray copies the checkpoint into the run's storage.
