@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+# Every fixture's time limit and CI's no-skip rule: hooks, which pytest finds by their names here.
+from suite_rules import pytest_fixture_setup, pytest_runtest_makereport, time_limit  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
@@ -191,6 +193,7 @@ def ray_run(ray_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@time_limit(420)  # two Ray runs, each limited to run()'s 180 s
 def fsdp2_run(ray_cluster, tmp_path_factory):
     """One step-04 run, resumed on another number of workers: it starts on 1, crashes after epoch 1 with no
     restart left, and --resume finishes it on 2, so epoch 1's sharded checkpoint is resharded from 1 rank to 2.

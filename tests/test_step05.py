@@ -22,6 +22,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from common import flags as common_flags
 from common import make_parser
 from conftest import ROOT, SMOKE, final_json, load_script, python
+from suite_rules import time_limit
 
 TUNE = "05-ray-tune/tune_ray_ddp.py"
 
@@ -48,6 +49,7 @@ SWEEP_SEED = "0"
 
 
 @pytest.fixture(scope="module")
+@time_limit(960)  # its sweep's 900 s, and reading the results
 def finished_sweep(ray_cluster, tmp_path_factory):
     """3 trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. Each trial's last worker
     crashes once after epoch 1, which Ray Train restarts within the trial. ASHA compares trials at epoch 2 and stops

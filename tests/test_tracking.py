@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite_rules import time_limit
 
 from common import build_model
 from common.flags import Parser
@@ -29,6 +30,7 @@ def store(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+@time_limit(RUN_TIMEOUT + 60)
 def tracked_run(ray_cluster, store, tmp_path_factory):
     """One tracked run on the test cluster, with the crash and restart of the step 02 smoke run, and what the
     store held of it right after (the resume test adds to the store)."""
@@ -125,7 +127,6 @@ def test_a_restart_logs_only_the_epochs_the_tracker_lacks(store):
         assert [(m.step, m.value) for m in client.get_metric_history(first.info.run_id, key)] == logged
 
 
-@pytest.mark.timeout(600)
 def test_one_tracker_run_across_a_worker_group_restart(tracked_run):
     """One MLflow run for the Ray run, though its worker group crashed and restarted: every epoch logged once,
     with the history's values, the flags as parameters, and the final model, which loads into a plain model."""

@@ -1,0 +1,75 @@
+"""Two rules of this suite, as a pytest plugin (conftest.py loads it; tests/test_suite_rules.py proves both):
+
+- Every fixture has a time limit, for its setup and again for its teardown: pytest-timeout (`timeout_func_only`)
+  times the test's own call, so a Ray cluster that never starts, or a shared run that hangs, would otherwise stall
+  the suite. The limit is pytest-timeout's default (`timeout` in pyproject.toml), or what `@time_limit(seconds)`
+  under `@pytest.fixture` says. A fixture past its limit fails with its name; pytest keeps that error for the
+  fixture's scope, so every test that needs it fails at once, and the suite goes on.
+- Under CI (`CI=true`: GitHub's runners, `.ci/run`) a skipped test is a failure: what CI was meant to check, it
+  did not (the MLflow UI test without a browser)."""
+import os
+import signal
+import time
+
+import pytest
+
+
+def time_limit(seconds: float):
+    """A fixture's limit, for its setup and for its teardown, each: put it under @pytest.fixture."""
+    def limited(fixture_function):
+        fixture_function.time_limit = seconds
+        return fixture_function
+    return limited
+
+
+class Alarm:
+    """SIGALRM after `seconds` (pytest-timeout's signal method), which fails whatever the main thread is doing: a
+    subprocess.run kills its child on the way out. An alarm already set that would ring sooner (pytest-timeout's, in
+    a test's call) is left to ring; a later one is set again, less the time spent, when this one stops."""
+
+    def __init__(self, seconds: float, what: str):
+        self.seconds, self.what, self.saved = seconds, what, None
+
+    def start(self):
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        if left and left <= self.seconds:
+            return
+        self.saved = (signal.signal(signal.SIGALRM, self.ring), left, time.monotonic())
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def ring(self, signum, frame):
+        pytest.fail(f"{self.what} took more than {self.seconds:g} s (its time limit: tests/suite_rules.py)")
+
+    def stop(self):
+        if self.saved is None:
+            return
+        handler, left, started = self.saved
+        self.saved = None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - started), 1e-3))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    seconds = getattr(fixturedef.func, "time_limit", None) or float(request.config.getini("timeout") or 300)
+    setup, teardown = (Alarm(seconds, f"fixture {fixturedef.argname!r}'s {part}") for part in ("setup", "teardown"))
+    # A fixture's finalizers run last-added first: this one after its teardown, the one added below before it.
+    fixturedef.addfinalizer(teardown.stop)
+    setup.start()
+    try:
+        value = yield
+    finally:
+        setup.stop()
+    fixturedef.addfinalizer(teardown.start)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail") and os.environ.get("CI", "").lower() == "true":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome, report.longrepr = "failed", f"skipped under CI (CI=true), which must run it: {reason}"
+    return report
