@@ -1,3 +1,4 @@
+import argparse
 import builtins
 import importlib.util
 import json
@@ -46,6 +47,43 @@ def load_script(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Parsed(Exception):
+    """Raised in place of a script's work: its parser and the flags it parsed (parse_only)."""
+
+
+def parse_only(script: str, *flags, check=True) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """A script's main() run until its parser has parsed these flags, and (check) checked them as common/flags.py's
+    Parser does, then stopped: no work. Returns the parser and the parsed flags; a refused flag is the SystemExit of
+    argparse or of the checks, with the error on stderr. Any script: a step, or a benchmark's plain argparse."""
+    from common.flags import Parser
+
+    argparse_parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        parsed = argparse_parse(parser, args, namespace)
+        if check and isinstance(parser, Parser):
+            parser.check(parser, parsed)
+        raise Parsed(parser, parsed)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [script, *flags])
+        patch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+        patch.setattr(Parser, "parse_args", parse_then_stop)
+        with pytest.raises(Parsed) as parsed:
+            load_script(script).main()
+    return parsed.value.args
+
+
+def forbid_ray(monkeypatch, why: str):
+    """ray.init fails the test: for what must end before Ray starts, or never start it (local mode)."""
+    import ray
+
+    def no_ray(**options):
+        raise AssertionError(f"Ray started {why}")
+
+    monkeypatch.setattr(ray, "init", no_ray)
 
 
 @pytest.fixture
@@ -252,8 +290,10 @@ def best_epoch(history: list) -> dict:
     return max(reversed(history), key=lambda epoch: epoch["test_accuracy"])
 
 
-def load_weights(checkpoint_dir) -> dict:
-    """Model weights from a step's checkpoint folder (step 01's --checkpoint-dir or a Ray checkpoint)."""
+def checkpoint_weights(checkpoint_dir) -> dict:
+    """Model weights from the checkpoint.pt of a step's checkpoint folder (step 01's --checkpoint-dir or a Ray
+    checkpoint of steps 02 and 03), read here as plainly as it can be: the tests' own reader, against which step
+    06's load_weights (every format) is checked, and which shares no code with it."""
     return torch.load(Path(checkpoint_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
 
 
@@ -285,3 +325,13 @@ def assert_sane_summary(summary: dict, step: str, world_size: int):
     assert len(summary["history"]) == 2 and summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
     assert summary["images_per_s"] > 0 and 0 < summary["time_to_first_step_s"] < summary["wall_time_s"]
     assert len(summary["peak_memory_mb"]) == world_size and all(m > 0 for m in summary["peak_memory_mb"])
+
+
+def assert_half_the_state_per_rank(summary: dict):
+    """A sharded run on 2 ranks (FSDP1, FSDP2): each rank's parameters, gradients and AdamW state (2 tensors per
+    parameter) add up to the whole model's, and no rank holds much more than half."""
+    full_mb = summary["params"] * 4 / 2**20
+    memory = summary["memory_per_rank"]
+    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
+        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3), kind
+        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb, kind

@@ -25,12 +25,11 @@ import ast
 import glob
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, parse_only
 
 DOCUMENTS = sorted({p for pattern in ("README.md", "0*/README.md", "TROUBLESHOOTING.md", "tests/README.md",
                                       "benchmarks/README.md", "slides/README.md", "slides/workshop.md")
@@ -67,17 +66,6 @@ def script_commands():
                                            id=f"{document.relative_to(ROOT)}: {' '.join(words)[:70]}")
 
 
-class Parsed(Exception):
-    """Raised instead of running a script, once its parser has accepted the flags."""
-
-
-ARGPARSE = argparse.ArgumentParser.parse_args
-
-
-def parse_only(self, args=None, namespace=None):
-    raise Parsed(ARGPARSE(self, args, namespace))
-
-
 @pytest.mark.parametrize("document, script, flags", list(script_commands()))
 def test_every_pasted_command_runs_a_script_with_flags_it_accepts(document, script, flags, monkeypatch, capsys):
     found = glob.glob(script, root_dir=ROOT)
@@ -89,15 +77,11 @@ def test_every_pasted_command_runs_a_script_with_flags_it_accepts(document, scri
         for flag in [f for f in flags if f.startswith("--") and f != "--"]:
             assert flag.split("=")[0] in accepted or "--" in flags[:flags.index(flag)], f"{path.name}: no {flag}"
         return
-    from common import flags as common_flags
-
-    monkeypatch.setattr(common_flags.Parser, "parse_args", parse_only)
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
-    monkeypatch.setattr(sys, "argv", [str(path), *flags])
     monkeypatch.syspath_prepend(str(path.parent))  # the benchmarks import each other
-    with pytest.raises((Parsed, SystemExit)) as outcome:
-        load_script(found[0]).main()
-    assert outcome.type is Parsed, f"{document.name}: {path.name} {' '.join(flags)}: {capsys.readouterr().err}"
+    try:
+        parse_only(found[0], *flags, check=False)  # parsed: every flag exists and takes its value
+    except SystemExit:
+        pytest.fail(f"{document.name}: {path.name} {' '.join(flags)}: {capsys.readouterr().err}")
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))

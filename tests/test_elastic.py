@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, latest_ray_checkpoint,
-                      load_weights)
+                      checkpoint_weights)
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides 5-35 s after
 # the node returns (Ray's autoscaling coordinator looks every 20 s); then 2 again to the end. Short epochs (3 steps,
@@ -173,7 +173,7 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
     # Each epoch's global batches are the same at any size (the sampler's seed and epoch fix the order), and each
     # resize resumed the model, AdamW and the schedule: the run ends with the weights of a run that never resized, up
     # to float rounding, as step 04's resume from 1 worker to 2 ends with DDP's (test_step04).
-    assert_same_weights(load_weights(tmp_path / "fixed"),
+    assert_same_weights(checkpoint_weights(tmp_path / "fixed"),
                         torch.load(latest_ray_checkpoint(storage) / "model.pt", weights_only=True), atol=ROUNDING)
     np.testing.assert_allclose([h["train_loss"] for h in summary["history"]],
                                [h["train_loss"] for h in fixed["history"]], rtol=1e-4)

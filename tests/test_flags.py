@@ -4,7 +4,9 @@ import pytest
 
 from common import errors
 from common import flags as flags_module
-from conftest import load_script
+from common.flags import make_parser
+from common.ray_setup import add_ray_flags
+from conftest import parse_only
 
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
@@ -105,9 +107,14 @@ LOCAL_MODE = [
     (["--num-workers", "0", "--epochs", "2", "--fail-at-epoch", "1"], "error: --num-workers 0 is Ray Train's local "
      "mode, which keeps no checkpoints; drop --resume and --fail-at-epoch, or use --num-workers 1 or more"),
 ]
-CASES = [(script, *case) for script in SCRIPTS for case in EVERY_STEP] + [
-    (script, *case) for script in SCRIPTS[:2] for case in STEP_01] + [
-    (script, *case) for script in RAY_SCRIPTS for case in RAY_ONLY] + [
+# The cases every step shares run once each, on the scripts in turn (all of them see some): each script parses its
+# flags with make_parser's parser and check_flags (add_ray_flags's too, for the Ray steps), which
+# test_every_script_parses_and_checks_the_shared_flags_as_make_parser_does proves, so every case's answer is the same on
+# every script. What a script adds or changes (local mode, elastic ranges, the sweep's and step 06's own flags) runs on
+# each script it concerns.
+SHARED_BY = [(EVERY_STEP, SCRIPTS), (STEP_01, SCRIPTS[:2]), (RAY_ONLY, RAY_SCRIPTS)]  # cases, the scripts they concern
+SHARED = [(scripts[i % len(scripts)], *case) for cases, scripts in SHARED_BY for i, case in enumerate(cases)]
+CASES = SHARED + [
     (script, *case) for script in RAY_SCRIPTS if script not in LOCAL_MODE_SCRIPTS for case in NEED_RAY] + [
     (script, *case) for script in LOCAL_MODE_SCRIPTS for case in LOCAL_MODE] + [
     (ELASTIC, *case) for case in ELASTIC_ONLY] + [
@@ -126,27 +133,50 @@ def test_a_bad_flag_is_one_line_and_exit_code_2_before_any_work(script, flags, m
     assert (code, stderr) == (2, [message.replace("{file}", str(file))])
 
 
-class Parsing(Exception):
-    """Raised in place of parsing: the script's parser, with every flag it defines."""
+def script_parser(script):
+    """The parser a script's main() builds, with every flag it defines (main() stops once it has parsed)."""
+    flags = ["--checkpoint", "nowhere"] if script == INFERENCE else []
+    parser, _ = parse_only(script, *flags, check=False)
+    return parser
+
+
+def flag_definitions(parser) -> dict:
+    """Each flag's definition: what argparse does with it, and its default."""
+    return {action.option_strings[-1]: (type(action), action.dest, action.nargs, action.const, action.type,
+                                        action.choices, action.required, action.default)
+            for action in parser._actions if action.option_strings and action.dest != "help"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_parses_and_checks_the_shared_flags_as_make_parser_does(script):
+    """The cases above that every step shares run on one script each: this is why each would give the same answer on
+    every other. A script's parser is make_parser's (and add_ray_flags's, as the script calls it): the same flags,
+    parsed alike, with the same defaults (but the folder each step writes to, and the data step 05 tunes on, which
+    SWEEP_ONLY checks), checked by check_flags."""
+    parser = script_parser(script)
+    expected = make_parser("", "step")
+    if script in RAY_SCRIPTS:
+        add_ray_flags(expected, local_mode=script in LOCAL_MODE_SCRIPTS, elastic=script == ELASTIC)
+    assert parser.check is flags_module.check_flags and parser.local_mode == expected.local_mode
+    shared, own = flag_definitions(expected), flag_definitions(parser)
+    for flag, definition in shared.items():
+        if flag == "--checkpoint-dir" or (flag == "--data" and script == SCRIPTS[-1]):
+            definition, own[flag] = definition[:-1], own[flag][:-1]  # the default differs, by design
+        assert own[flag] == definition, f"{script}: {flag}"
 
 
 @pytest.mark.parametrize("script", [*SCRIPTS, INFERENCE])
-def test_every_numeric_flag_has_a_case_below_its_lower_bound_and_every_float_flag_a_non_finite_one(script, monkeypatch):
-    """Checked against the flags each script really defines, so a new numeric flag needs its cases above."""
-    def parsing(parser, *args, **kwargs):
-        raise Parsing(parser)
-
-    monkeypatch.setattr(flags_module.Parser, "parse_args", parsing)
-    with pytest.raises(Parsing) as parsed:
-        load_script(script).main()
-    numeric = {action.option_strings[-1]: action.type for action in parsed.value.args[0]._actions
+def test_every_numeric_flag_has_a_case_below_its_lower_bound_and_every_float_flag_a_non_finite_one(script):
+    """Checked against the flags each script really defines, so a new numeric flag needs its cases above: a shared
+    case counts for every script it concerns (SHARED_BY)."""
+    numeric = {action.option_strings[-1]: action.type for action in script_parser(script)._actions
                if action.type in (int, float)}
     assert {"--batch-size", "--eval-images"} <= set(numeric)
     values = {}  # flag: the values its cases give it, on this script
-    for case_script, flags, _ in CASES:
-        if case_script == script:
-            for flag, value in zip(flags, flags[1:], strict=False):
-                values.setdefault(flag, []).append(value)
+    shared = [flags for cases, scripts in SHARED_BY if script in scripts for flags, _ in cases]
+    for flags in shared + [flags for case_script, flags, _ in CASES if case_script == script]:
+        for flag, value in zip(flags, flags[1:], strict=False):
+            values.setdefault(flag, []).append(value)
     for flag, kind in numeric.items():
         given = values.get(flag, [])
         assert any(float(value) <= 0 for value in given), f"{script}: no case below the lower bound of {flag}"

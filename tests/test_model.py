@@ -4,7 +4,7 @@ from torchvision.models.vision_transformer import VisionTransformer
 
 from common import PRESETS, build_model, count_params
 from common.data import CROP_PADDING
-from conftest import SMOKE, final_json, load_script, load_weights, python
+from conftest import SMOKE, final_json, load_script, checkpoint_weights, python
 
 
 def stem_strides(model) -> list[int]:
@@ -30,7 +30,7 @@ def test_hybrid_trains_in_a_step_script_and_its_checkpoint_loads(tmp_path):
     summary = final_json(python("01-vanilla-pytorch-ddp/train_single_machine.py", *SMOKE, "--model", "hybrid",
                                 "--epochs", "1", "--checkpoint-dir", str(tmp_path)))
     assert summary["model"] == "hybrid" and summary["params"] == 2_410_858
-    build_model("hybrid").load_state_dict(load_weights(tmp_path))
+    build_model("hybrid").load_state_dict(checkpoint_weights(tmp_path))
 
 
 def test_the_presets_are_the_recipe_search_variants_that_won():

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from common import build_model
-from conftest import (RAY_DDP, RAY_FSDP2, ROOT, SINGLE, SMOKE, assert_sane_summary, final_json,
-                      free_port, latest_ray_checkpoint, load_weights, python, ray_script, start)
+from conftest import (RAY_DDP, RAY_FSDP2, ROOT, SINGLE, SMOKE, assert_sane_summary, checkpoint_weights, final_json,
+                      free_port, latest_ray_checkpoint, python, ray_script, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
@@ -23,10 +23,10 @@ LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 MLFLOW = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
 INFERENCE = "06-ray-data-inference/batch_inference.py"
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
-# Each run scored on the first 64 test images, not 256: scoring is a third of a tiny run's time, and a smoke run
-# need only show that it learns.
-EVAL_IMAGES = 64
-QUICK = [*SMOKE, "--eval-images", str(EVAL_IMAGES)]
+# Each run scored on the first 64 test images, not conftest's EVAL_IMAGES (256): scoring is a third of a tiny run's
+# time, and a smoke run need only show that it learns.
+SMOKE_EVAL_IMAGES = 64
+QUICK = [*SMOKE, "--eval-images", str(SMOKE_EVAL_IMAGES)]
 FINISH_TIMEOUT = 240  # s: the background runs share the 2 cores with each other and with the cluster's runs
 
 
@@ -89,20 +89,20 @@ def inference(background, ray_cluster):
     CPU that the sweep's one worker leaves free, and the two run side by side."""
     _, checkpoint_dir = background.finish("single")
     background.start("inference", [sys.executable, str(ROOT / INFERENCE), "--checkpoint", str(checkpoint_dir),
-                                   "--data", "synthetic", "--eval-images", str(EVAL_IMAGES), "--address", ray_cluster,
-                                   "--out", str(background.folder / "inference")])
+                                   "--data", "synthetic", "--eval-images", str(SMOKE_EVAL_IMAGES), "--address",
+                                   ray_cluster, "--out", str(background.folder / "inference")])
     return background
 
 
 # The runs on the cluster first: the background runs go on meanwhile.
 def test_ray_data_feeds_two_workers_on_two_nodes(background, ray_cluster, tmp_path):
-    result = ray_script(RAY_DATA, ray_cluster, tmp_path, "--eval-images", str(EVAL_IMAGES))
+    result = ray_script(RAY_DATA, ray_cluster, tmp_path, "--eval-images", str(SMOKE_EVAL_IMAGES))
     summary = final_json(result)
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
     assert summary["nodes"] == 2 and result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
     best = max(summary["history"], key=lambda epoch: epoch["test_accuracy"])
     assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in result.stdout
-    build_model("tiny").load_state_dict(load_weights(latest_ray_checkpoint(tmp_path)))
+    build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path)))
 
 
 def test_tune_sweep_runs_its_trial_and_reports_it(inference, ray_cluster, tmp_path):
@@ -121,7 +121,7 @@ def test_tune_sweep_runs_its_trial_and_reports_it(inference, ray_cluster, tmp_pa
 def test_batch_inference_reproduces_the_single_machine_runs_accuracy(inference):
     (run, _), (result, out) = inference.finish("single"), inference.finish("inference")
     assert final_json(result)["accuracy"] == final_json(run)["test_accuracy"]  # the same images and weights
-    assert len(pd.read_parquet(out / "predictions")) == EVAL_IMAGES  # one prediction per image
+    assert len(pd.read_parquet(out / "predictions")) == SMOKE_EVAL_IMAGES  # one prediction per image
 
 
 # Then the background runs, most of them finished by now.
@@ -129,7 +129,7 @@ def test_single_machine_trains_and_writes_a_checkpoint_that_loads(background):
     result, checkpoint_dir = background.finish("single")
     summary = final_json(result)
     assert_sane_summary(summary, "single_machine", world_size=1)
-    build_model("tiny").load_state_dict(load_weights(checkpoint_dir))
+    build_model("tiny").load_state_dict(checkpoint_weights(checkpoint_dir))
 
 
 def test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints(background):

@@ -5,7 +5,7 @@ import pytest
 
 from common import build_model, count_params
 from conftest import (ACCUMULATE, ROUNDING, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
-                      collectives_per_step, final_json, load_weights, profile_summary, python, torchrun)
+                      collectives_per_step, final_json, checkpoint_weights, profile_summary, python, torchrun)
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
@@ -16,7 +16,7 @@ def test_single_machine_trains_and_reports(single_run):
     assert f"model tiny: {count_params(build_model('tiny')):,} parameters | data: synthetic" in result.stdout
     assert sum(line.startswith("epoch ") and "| 1 process |" in line for line in result.stdout.splitlines()) == 2
     model = build_model("tiny")
-    model.load_state_dict(load_weights(checkpoint_dir))  # the checkpoint loads into a plain model
+    model.load_state_dict(checkpoint_weights(checkpoint_dir))  # the checkpoint loads into a plain model
     assert summary["params"] == sum(p.numel() for p in model.parameters())
 
 
@@ -33,7 +33,7 @@ def test_ddp_trains_and_reports_once(ddp_run):
 def test_ddp_equals_single_machine_with_the_same_global_batch(single_run, ddp_run):
     """The workshop's 'mathematically equivalent' claim, with gradient accumulation: 2 processes x 2 micro-batches
     of 8 images (no all-reduce on the first) == 1 process x 32 images."""
-    assert_same_weights(load_weights(single_run[1]), load_weights(ddp_run[1]), atol=ROUNDING)
+    assert_same_weights(checkpoint_weights(single_run[1]), checkpoint_weights(ddp_run[1]), atol=ROUNDING)
     single, ddp = single_run[0]["history"], ddp_run[0]["history"]
     assert [h["test_accuracy"] for h in single] == [h["test_accuracy"] for h in ddp]
     np.testing.assert_allclose([h["train_loss"] for h in single], [h["train_loss"] for h in ddp], rtol=1e-5)
@@ -44,7 +44,7 @@ def test_k_micro_batches_equal_one_batch_k_times_the_size(single_run, main_summa
     Run in this process (it needs no other): its first step, the losses and the accuracies match too."""
     summary, _ = main_summary(SINGLE, *SMOKE, "--grad-accum-steps", "4", "--checkpoint-dir", str(tmp_path))
     assert summary["grad_accum_steps"] == 4
-    assert_same_weights(load_weights(single_run[1]), load_weights(tmp_path), atol=ROUNDING)
+    assert_same_weights(checkpoint_weights(single_run[1]), checkpoint_weights(tmp_path), atol=ROUNDING)
     single = single_run[0]["history"]
     assert [h["test_accuracy"] for h in summary["history"]] == [h["test_accuracy"] for h in single]
     np.testing.assert_allclose([h["train_loss"] for h in summary["history"]], [h["train_loss"] for h in single],
@@ -71,7 +71,7 @@ def test_single_machine_resume_equals_uninterrupted(single_run, tmp_path):
     assert "resumed from" in resumed.stdout and "after epoch 1" in resumed.stdout
     summary = final_json(resumed)
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
-    assert_same_weights(load_weights(single_run[1]), load_weights(tmp_path))
+    assert_same_weights(checkpoint_weights(single_run[1]), checkpoint_weights(tmp_path))
 
 
 @pytest.mark.timeout(360)  # two runs, each with its own limit
@@ -81,7 +81,7 @@ def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp
     assert crashed.returncode != 0 and "simulated crash of rank 1 after epoch 1" in crashed.stderr
     resumed = torchrun(DDP, 2, *flags, "--resume")
     assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
-    assert_same_weights(load_weights(ddp_run[1]), load_weights(tmp_path))
+    assert_same_weights(checkpoint_weights(ddp_run[1]), checkpoint_weights(tmp_path))
 
 
 def test_batch_that_does_not_split_over_ranks_is_one_line_from_rank_0_only():

@@ -5,8 +5,8 @@ import ray
 import ray.train
 
 from common import build_model
-from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, collectives_per_step,
-                      final_json, latest_ray_checkpoint, load_weights, profile_summary, torchrun)
+from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, checkpoint_weights,
+                      collectives_per_step, final_json, forbid_ray, latest_ray_checkpoint, profile_summary, torchrun)
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
@@ -26,7 +26,7 @@ def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):
     assert "best checkpoint" in result.stdout
     checkpoint = latest_ray_checkpoint(storage)
     assert ray.train.Checkpoint(str(checkpoint)).get_metadata() == {"model_preset": "tiny", "epoch": 2}
-    build_model("tiny").load_state_dict(load_weights(checkpoint))
+    build_model("tiny").load_state_dict(checkpoint_weights(checkpoint))
 
 
 def test_a_restarted_runs_summary_covers_the_whole_run(ray_run):
@@ -50,7 +50,7 @@ def test_ray_ddp_all_reduces_as_torchrun_ddp_does(ray_run, ddp_run):
 def test_ray_ddp_equals_torchrun_ddp(ray_run, ddp_run):
     """Bit for bit, crash and restart included: the restarted group resumed the model, AdamW, the schedule and the
     data order exactly."""
-    assert_same_weights(load_weights(ddp_run[1]), load_weights(latest_ray_checkpoint(ray_run[1])))
+    assert_same_weights(checkpoint_weights(ddp_run[1]), checkpoint_weights(latest_ray_checkpoint(ray_run[1])))
     assert [h["test_accuracy"] for h in ray_run[0]["history"]] == [h["test_accuracy"] for h in ddp_run[0]["history"]]
 
 
@@ -86,10 +86,7 @@ def test_unreachable_address_is_a_one_line_error(tmp_path, main_error):
 def test_local_mode_trains_in_this_process_without_ray(main_summary, monkeypatch, tmp_path):
     """--num-workers 0, Ray Train's local mode: train_func runs here, in the test's own process (where breakpoint()
     would stop), with no Ray started, and keeps no checkpoint. It trains what Ray's one worker would."""
-    def no_ray(**options):
-        raise AssertionError("local mode started Ray")
-
-    monkeypatch.setattr(ray, "init", no_ray)
+    forbid_ray(monkeypatch, "in local mode")
     summary, stdout = main_summary(RAY_DDP, *SMOKE, "--num-workers", "0", "--checkpoint-dir", str(tmp_path))
     assert summary["step"] == "ray_ddp" and summary["world_size"] == 1 and len(summary["history"]) == 2
     assert summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]

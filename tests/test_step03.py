@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from common import build_model, evaluate, load_data
-from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_same_weights, assert_sane_summary, load_script,
-                      collectives_per_step, final_json, latest_ray_checkpoint, load_weights, profile_summary,
-                      ray_script)
+from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_half_the_state_per_rank, assert_same_weights,
+                      assert_sane_summary, checkpoint_weights, collectives_per_step, final_json, latest_ray_checkpoint,
+                      load_script, profile_summary, ray_script)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
@@ -31,13 +31,7 @@ def test_fsdp1_trains_on_cpus_and_says_how_it_wrapped_the_model(fsdp1_run):
 
 
 def test_fsdp1_holds_half_the_state_per_rank(fsdp1_run):
-    summary = fsdp1_run[0]
-    full_mb = summary["params"] * 4 / 2**20
-    memory = summary["memory_per_rank"]
-    # Each rank's slice of FSDP1's flat parameters: the two add up to the model, neither holds much more than half.
-    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
-        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3)
-        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb
+    assert_half_the_state_per_rank(fsdp1_run[0])  # each rank's slice of FSDP1's flat parameters
 
 
 def test_fsdp1_equals_ddp_with_the_same_seed_and_global_batch(fsdp1_run, ray_run):
@@ -46,13 +40,13 @@ def test_fsdp1_equals_ddp_with_the_same_seed_and_global_batch(fsdp1_run, ray_run
     fsdp1, ddp = fsdp1_run[0], ray_run[0]
     assert [h["test_accuracy"] for h in fsdp1["history"]] == [h["test_accuracy"] for h in ddp["history"]]
     assert [h["train_loss"] for h in fsdp1["history"]] == pytest.approx([h["train_loss"] for h in ddp["history"]])
-    assert_same_weights(load_weights(latest_ray_checkpoint(ray_run[1])),
-                        load_weights(latest_ray_checkpoint(fsdp1_run[1])))
+    assert_same_weights(checkpoint_weights(latest_ray_checkpoint(ray_run[1])),
+                        checkpoint_weights(latest_ray_checkpoint(fsdp1_run[1])))
 
 
 def test_full_state_checkpoint_reproduces_the_accuracy_on_one_device(fsdp1_run):
     model = build_model("tiny")
-    model.load_state_dict(load_weights(latest_ray_checkpoint(fsdp1_run[1])))  # plain keys: no FSDP prefixes
+    model.load_state_dict(checkpoint_weights(latest_ray_checkpoint(fsdp1_run[1])))  # plain keys: no FSDP prefixes
     data = load_data("synthetic", "", EVAL_IMAGES)  # the images the run evaluated (SMOKE's --eval-images)
     correct, counted = evaluate(model, data.test_images, data.test_labels, torch.device("cpu")).tolist()
     assert counted == EVAL_IMAGES and correct / counted == fsdp1_run[0]["test_accuracy"]

@@ -8,8 +8,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from common import TRANSFORMER_BLOCK, build_model, evaluate, load_data, make_optimizer, normalize
-from conftest import (EVAL_IMAGES, ROUNDING, RAY_FSDP2, assert_same_weights, assert_sane_summary, collectives_per_step,
-                      latest_ray_checkpoint, load_script, load_weights, profile_summary, ray_checkpoints)
+from conftest import (EVAL_IMAGES, ROUNDING, RAY_FSDP2, assert_half_the_state_per_rank, assert_same_weights,
+                      assert_sane_summary, checkpoint_weights, collectives_per_step, latest_ray_checkpoint, load_script,
+                      profile_summary, ray_checkpoints)
 
 
 def exported_model(storage) -> torch.nn.Module:
@@ -21,12 +22,7 @@ def exported_model(storage) -> torch.nn.Module:
 def test_fsdp2_trains_and_holds_half_the_state_per_rank(fsdp2_run):
     summary, storage, result = fsdp2_run
     assert_sane_summary(summary, "ray_fsdp2", world_size=2)
-    full_mb = summary["params"] * 4 / 2**20
-    memory = summary["memory_per_rank"]
-    # Exact shard sizes: the two ranks' slices add up to the whole model, and neither holds much more than half.
-    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
-        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3)
-        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb
+    assert_half_the_state_per_rank(summary)  # exact shard sizes
     assert "memory per rank (MB)" in result.stdout
     checkpoint = latest_ray_checkpoint(storage)
     # One mechanism: each rank's DCP shard, DCP's index, Ray's metadata, and the final full-model export.
@@ -46,7 +42,7 @@ def test_fsdp2_gathers_per_micro_batch_and_reduce_scatters_per_optimizer_step(fs
 
 
 def test_fsdp2_equals_ddp_with_the_same_seed_and_global_batch(fsdp2_run, ray_run):
-    ddp_weights = load_weights(latest_ray_checkpoint(ray_run[1]))
+    ddp_weights = checkpoint_weights(latest_ray_checkpoint(ray_run[1]))
     assert_same_weights(ddp_weights, exported_model(fsdp2_run[1]).state_dict(), atol=ROUNDING)
 
 

@@ -19,9 +19,8 @@ from ray.train.torch import TorchTrainer
 from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from common import flags as common_flags
 from common import make_parser
-from conftest import ROOT, SMOKE, final_json, load_script, python
+from conftest import ROOT, SMOKE, final_json, load_script, parse_only, python
 from suite_rules import time_limit
 
 TUNE = "05-ray-tune/tune_ray_ddp.py"
@@ -179,25 +178,14 @@ def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver,
     assert placement_group_table(workers)["state"] == "REMOVED" and not free.stopped
 
 
-class Parsed(Exception):
-    """Raised in place of the sweep's own flag checks: main() stops there, with its flags parsed."""
-
-
 def built_sweep(monkeypatch, tmp_path, *flags) -> dict:
     """What the sweep hands ray.tune.Tuner for these flags (param_space, tune_config, run_config); no Tune runs."""
     tune_script = load_script(TUNE)
-
-    def parsed(parser, args):
-        raise Parsed(args)
-
-    monkeypatch.setattr(tune_script, "check_sweep_flags", parsed)
-    monkeypatch.setattr(sys, "argv", [TUNE, *SMOKE, *flags, "--checkpoint-dir", str(tmp_path)])
-    with pytest.raises(Parsed) as stopped:
-        tune_script.main()
+    _, args = parse_only(TUNE, *SMOKE, *flags, "--checkpoint-dir", str(tmp_path))
     built = {}
     monkeypatch.setattr(ray.tune, "Tuner", lambda trainable, **options: built.update(options))
     monkeypatch.setattr(tune_script, "trials_at_once", lambda args: 2)
-    tune_script.new_sweep(stopped.value.args[0], tmp_path / "sweep", trainable=None)
+    tune_script.new_sweep(args, tmp_path / "sweep", trainable=None)
     return built
 
 
@@ -223,21 +211,16 @@ def test_asha_stops_the_trial_behind_at_the_grace_period_never_the_one_ahead(mon
                          "ahead": "CONTINUE"}
 
 
-def step01_parses(monkeypatch, capsys, command: str) -> str:
+def step01_parses(capsys, command: str) -> str:
     """The command's flags through step 01's own parser and its checks (check_flags), stopped before any work: the
     error line it prints, or '' if it accepts them."""
     words = shlex.split(command)
     assert words[:2] == ["python", "01-vanilla-pytorch-ddp/train_single_machine.py"]
-    checked = common_flags.Parser.parse_args
-
-    def parse_then_stop(self, args=None, namespace=None):
-        raise Parsed(checked(self, args, namespace))
-
-    monkeypatch.setattr(common_flags.Parser, "parse_args", parse_then_stop)
-    monkeypatch.setattr(sys, "argv", words[1:])
-    with pytest.raises((Parsed, SystemExit)) as outcome:
-        load_script(words[1]).main()
-    return "" if outcome.type is Parsed else capsys.readouterr().err.strip()
+    try:
+        parse_only(words[1], *words[2:])
+    except SystemExit:
+        return capsys.readouterr().err.strip()
+    return ""
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
@@ -257,14 +240,17 @@ def test_the_winners_printed_commands_parse_whatever_warmup_the_sweep_drew(epoch
     for warmup in sorted(warmups):
         config = next(c for c in drawn if c["warmup_epochs"] == warmup)
         for command in (tune_script.train_command(config), tune_script.noise_command(config)):
-            assert step01_parses(monkeypatch, capsys, command) == "", command
+            assert step01_parses(capsys, command) == "", command
     # and the check it passes is the one that refused the old commands:
     too_long = dict(config, warmup_epochs=epochs + 0.5)
-    assert "--warmup-epochs" in step01_parses(monkeypatch, capsys, tune_script.train_command(too_long))
+    assert "--warmup-epochs" in step01_parses(capsys, tune_script.train_command(too_long))
 
 
+@pytest.mark.upstream
 def test_the_train_v1_pattern_no_longer_works():
-    """README: under Train V2, Ray 2.60's default, a TorchTrainer is no longer a Tune trainable."""
+    """Ray's behaviour that 05-ray-tune/README.md claims ("the V1 snippet ... fails with `TuneError: Improper 'run' -
+    not string nor trainable`", and the top-level README): under Train V2, Ray 2.60's default, a TorchTrainer is no
+    longer a Tune trainable."""
     trainer = TorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=1))
     with pytest.raises(TuneError, match="Improper 'run' - not string nor trainable"):
         ray.tune.Tuner(trainer, param_space={"train_loop_config": {"lr": ray.tune.grid_search([1e-3, 2e-3])}})

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from common import build_model, evaluate, load_data, predict
-from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, final_json, latest_ray_checkpoint, load_script,
-                      python, ray_checkpoints)
+from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, checkpoint_weights, final_json, forbid_ray,
+                      latest_ray_checkpoint, load_script, python, ray_checkpoints)
 
 INFER = "06-ray-data-inference/batch_inference.py"
 
@@ -99,6 +99,8 @@ def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp
         assert [preset for _, preset in loaded] == ["tiny"] * len(paths), name
         for weights, _ in loaded[1:]:  # every format of one checkpoint: the same weights, evaluated once
             assert_same_weights(loaded[0][0], weights)
+        if (paths[-1] / "checkpoint.pt").exists():  # steps 01 to 03: what the tests' own plain reader finds there
+            assert_same_weights(loaded[0][0], checkpoint_weights(paths[-1]))
         assert accuracy_on_one_device(loaded[0][0], "tiny") == accuracy, name
     # The last sharded checkpoint, loaded without a process group, is exactly the full model.pt export.
     assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
@@ -242,10 +244,7 @@ def test_inference_sees_an_image_the_right_way_up_and_round(step06, tmp_path, mo
 
 
 def test_a_folder_without_one_image_is_a_one_line_error_before_ray_starts(tmp_path, main_error, monkeypatch):
-    def no_ray(**options):
-        raise AssertionError("Ray started for a folder with no image")
-
-    monkeypatch.setattr("ray.init", no_ray)
+    forbid_ray(monkeypatch, "for a folder with no image")
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "notes.txt").write_text("not an image")
     (tmp_path / "photos" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))
@@ -261,10 +260,7 @@ def test_a_folder_without_one_image_is_a_one_line_error_before_ray_starts(tmp_pa
 @pytest.mark.parametrize("content", ["text", "empty", "tensor", "list", "dict of lists", "checkpoint of a list"])
 def test_a_checkpoint_file_that_holds_no_model_is_a_one_line_error_before_ray_starts(content, tmp_path, main_error,
                                                                                     monkeypatch):
-    def no_ray(**options):
-        raise AssertionError("Ray started for a file that holds no model")
-
-    monkeypatch.setattr("ray.init", no_ray)
+    forbid_ray(monkeypatch, "for a file that holds no model")
     monkeypatch.chdir(tmp_path)
     file = Path("not-a-model.pt")  # relative, as typed: Ray would read it as a URI without a scheme
     objects = {"tensor": torch.zeros(3), "list": [1, 2], "dict of lists": {"weight": [1.0]},

@@ -2,7 +2,6 @@
 worker-group restart and --resume, every epoch logged once with the values of the run's history, the flags as
 parameters, the final model as an artifact; and MLflow's UI showing the run (benchmarks/tracking_ui.py)."""
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -11,9 +10,8 @@ import torch
 from suite_rules import time_limit
 
 from common import build_model
-from common.flags import Parser
-from conftest import (SMOKE, assert_same_weights, final_json, latest_ray_checkpoint, load_script, load_weights, python,
-                      ray_script)
+from conftest import (SMOKE, assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, load_script,
+                      parse_only, python, ray_script)
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
@@ -68,24 +66,11 @@ def tracker_runs(uri: str) -> list[dict]:
     return runs
 
 
-class Parsed(Exception):
-    """Raised instead of running the script, once its parser has parsed and checked the flags."""
-
-
 def parsed_flags(*argv) -> dict:
     """The flags that the variant's main() parses from this command line, as MLflow stores parameters (strings),
     without the launch time (not a flag)."""
-    parse_args = Parser.parse_args
-
-    def parse_then_stop(self, args=None, namespace=None):
-        raise Parsed(parse_args(self, args, namespace))
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "argv", [VARIANT, *argv])
-        patch.setattr(Parser, "parse_args", parse_then_stop)
-        with pytest.raises(Parsed) as parsed:
-            load_script(VARIANT).main()
-    return {name: str(value) for name, value in vars(parsed.value.args[0]).items() if name != "launched"}
+    _, args = parse_only(VARIANT, *argv)
+    return {name: str(value) for name, value in vars(args).items() if name != "launched"}
 
 
 def history_as_logged(history: list[dict]) -> dict:
@@ -140,7 +125,7 @@ def test_one_tracker_run_across_a_worker_group_restart(tracked_run):
     assert run["params"] == tracked_run["flags"]
     assert run["params"]["fail_at_epoch"] == "1" and run["params"]["model"] == "tiny"
     build_model("tiny").load_state_dict(run["model"])
-    assert_same_weights(run["model"], load_weights(latest_ray_checkpoint(tracked_run["storage"])))
+    assert_same_weights(run["model"], checkpoint_weights(latest_ray_checkpoint(tracked_run["storage"])))
 
 
 @pytest.mark.timeout(600)
@@ -158,7 +143,7 @@ def test_resume_continues_the_same_tracker_run(tracked_run, ray_cluster, store):
     assert run["metrics"] == history_as_logged(summary["history"])
     assert all(run["metrics"][key][:2] == logged for key, logged in before["metrics"].items())
     assert run["params"] == before["params"] and run["params"]["epochs"] == "2"
-    assert_same_weights(run["model"], load_weights(latest_ray_checkpoint(tracked_run["storage"])))
+    assert_same_weights(run["model"], checkpoint_weights(latest_ray_checkpoint(tracked_run["storage"])))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")

@@ -1,5 +1,6 @@
-"""README's troubleshooting entries that reproduce on CPUs in seconds, reproduced: the messages it quotes
-are the ones Ray and PyTorch print, and the settings it recommends do what it says."""
+"""TROUBLESHOOTING.md's entries that reproduce on CPUs in seconds, reproduced: the messages it quotes
+are the ones Ray and PyTorch print, and the settings it recommends do what it says. Ray's and PyTorch's behaviour,
+which no change here can break (marked upstream): each test names the entry whose claim it guards."""
 import os
 
 import pytest
@@ -9,6 +10,8 @@ import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+pytestmark = pytest.mark.upstream
+
 
 def fit(train_func, tmp_path, workers=2, **kwargs):
     return TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=workers),
@@ -16,6 +19,8 @@ def fit(train_func, tmp_path, workers=2, **kwargs):
 
 
 def test_an_uneven_report_becomes_an_error_with_a_collective_timeout(ray_driver, tmp_path, monkeypatch):
+    """"The run hangs at a report or a collective": with RAY_TRAIN_COLLECTIVE_TIMEOUT_S, a report that one rank
+    skips becomes Ray's error, which names the ranks that never joined."""
     def rank_0_reports_twice(config):
         ray.train.report({"step": 1})
         if ray.train.get_context().get_world_rank() == 0:
@@ -28,6 +33,8 @@ def test_an_uneven_report_becomes_an_error_with_a_collective_timeout(ray_driver,
 
 
 def test_an_uneven_torch_collective_becomes_an_error_with_the_process_group_timeout(ray_driver, tmp_path):
+    """"The run hangs at a report or a collective": with TorchConfig(timeout_s=...), a PyTorch collective that one
+    rank skips becomes gloo's timeout error."""
     def rank_0_all_reduces_alone(config):
         if ray.train.get_context().get_world_rank() == 0:
             dist.all_reduce(torch.ones(1))
@@ -37,6 +44,7 @@ def test_an_uneven_torch_collective_becomes_an_error_with_the_process_group_time
 
 
 def test_metrics_reported_without_a_checkpoint_do_not_reach_the_result(ray_driver, tmp_path):
+    """"Result.metrics is None": metrics reported without a checkpoint do not reach the Result."""
     def report_metrics_only(config):
         ray.train.report({"loss": 1.0})
 
