@@ -505,6 +505,43 @@ def test_the_core_talk_fits_its_time_and_an_appendix_follows_it():
     assert APPENDIX_SLIDES, "the appendix holds the deep dives"
 
 
+def test_the_agenda_times_are_the_notes_minutes():
+    """The agenda slide's table: `| H:MM | what | A-B |`, each row starting at the minutes of the slides before A (and
+    of any break row before it: `| H:MM | **Break**, N minutes | |`), and the rows cover the core, slide after slide."""
+    agenda = next(slide for slide in CORE if slide.title == "Agenda")
+    clock, covered = 0.0, []
+    for line in agenda.prose:
+        row = re.fullmatch(r"\|\s*(\d+):(\d\d)\s*\|(.*)\|\s*(?:(\d+)-(\d+))?\s*\|", line.strip())
+        if not row:
+            continue
+        hours, mins, what, first, last = row.groups()
+        if first is None:  # a break
+            clock += float(re.search(r"(\d+) minutes", what).group(1))
+            continue
+        before = sum(minutes(slide) for slide in CORE if slide.number < int(first))
+        assert int(hours) * 60 + int(mins) == clock + before, \
+            f"agenda: {line.strip()} starts at {clock + before:g} minutes"
+        covered += list(range(int(first), int(last) + 1))
+    assert covered == [slide.number for slide in CORE], "the agenda's rows cover the core, slide after slide"
+    end = re.search(r"end at (\d+):(\d\d)", "\n".join(agenda.prose))
+    total = sum(minutes(slide) for slide in CORE) + clock
+    assert end and int(end.group(1)) * 60 + int(end.group(2)) == total, f"the agenda ends at {total:g} minutes"
+
+
+def test_the_core_has_hands_on_turns_and_recaps():
+    turns = [slide for slide in CORE if slide.title.startswith("Your turn:")]
+    steps = {re.search(r"step (\d\d)", slide.title).group(1) for slide in turns}
+    assert len(turns) >= 4 and {"01", "02", "04"} <= steps and steps & {"05", "06"}, [s.title for s in turns]
+    for slide in turns:
+        assert [b.lang for b in slide.blocks] == ["bash", "text"], \
+            f"slide {slide_id(slide)}: a command, then what it prints"
+        assert any(line.lstrip("- ").startswith("Look for:") for line in slide.prose), f"slide {slide_id(slide)}"
+    recaps = [slide.number for slide in CORE if slide.title.startswith("Recap")]
+    step04 = max(slide.number for slide in CORE if slide.title.startswith("Step 04"))
+    assert any(step04 < n < min(s.number for s in CORE if s.title.startswith("Step 05")) for n in recaps)
+    assert recaps[-1] == CORE[-1].number, "the core ends with a recap"
+
+
 def test_slides_readme_states_the_total_of_the_minutes():
     core = sum(minutes(slide) for slide in CORE)
     appendix = sum(minutes(slide) for slide in SLIDES[DIVIDER - 1:])

@@ -1,0 +1,254 @@
+"""The core talk, rehearsed: every command that the core's slides or notes tell the presenter or the room to run,
+in the deck's order, timed against its slot.
+
+    python slides/rehearse.py --out /tmp/rehearsal                       # synthetic data
+    python slides/rehearse.py --data-dir DIR --out /tmp/rehearsal        # real CIFAR-10, as the room runs it
+    python slides/rehearse.py --list                                     # the commands and their slots, no run
+
+A command's slot is the minutes of the slide it is run on (the "~N min" of that slide's presenter notes, read from
+slides/workshop.md at each run); the commands of one slide share it. REHEARSAL below lists the commands as the deck
+shows them; tests/test_rehearsal.py fails when the core shows a command that is not listed here, when a listed
+command no longer parses with its step's own parser, or when a published rehearsal took longer than a slot.
+
+Each command runs as the deck shows it from the repository root, with four things added so that a rehearsal leaves
+the tree as it found it and reads the data it is given: --data-dir DIR (or --data synthetic) on the steps that read
+CIFAR-10, --checkpoint-dir and --out under the rehearsal's own folder, and a `checkpoints/` path of an earlier
+command rewritten to that folder. RAY_ADDRESS is unset: every Ray command starts its own Ray, as in the room. The
+load average before and after is recorded: on a shared machine it says how many other processes wanted the cores.
+
+Writes OUT/results.json (the machine as benchmarks/compare_steps.py describes it, the date, the commit, the load
+averages, and per command: its slide, slot, the command, what ran, the seconds it took, its exit code and the last
+lines it printed), OUT/results.md (the same as a table) and OUT/logs/NN.log (each command's whole output).
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DECK = ROOT / "slides" / "workshop.md"
+APPENDIX = "Appendix"
+MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
+
+# In the deck's order: (the title of the slide the command is run on, the command as the deck shows it).
+REHEARSAL = [
+    ("Step 01: the baseline",
+     "python 01-vanilla-pytorch-ddp/train_single_machine.py --epochs 1 --steps-per-epoch 30 --eval-images 1000"),
+    ("Step 01: DDP by hand, under torchrun",
+     "diff -u 01-vanilla-pytorch-ddp/train_single_machine.py 01-vanilla-pytorch-ddp/train_ddp.py"),
+    ("Your turn: step 01, DDP under torchrun",
+     "torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --epochs 1 --steps-per-epoch 30 "
+     "--eval-images 1000"),
+    ("Step 02: Ray Train runs the same loop",
+     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 1 --steps-per-epoch 30 --eval-images 1000"),
+    ("Step 02: Ray Train runs the same loop",
+     "diff -u 01-vanilla-pytorch-ddp/train_ddp.py 02-ray-train-ddp/train_ray_ddp.py"),
+    ("Your turn: step 02, a crash and a restart",
+     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 2 --fail-at-epoch 1 --steps-per-epoch 10 "
+     "--eval-images 500"),
+    ("Step 03: FSDP1, CPUs or GPUs",
+     "diff -u 02-ray-train-ddp/train_ray_ddp.py 03-ray-train-fsdp/train_ray_fsdp.py"),
+    ("Step 04: FSDP2 `fully_shard`",
+     "diff -u 02-ray-train-ddp/train_ray_ddp.py 04-ray-train-fsdp2/train_ray_fsdp2.py"),
+    ("Your turn: step 04, FSDP2 on two workers",
+     "python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 1 --steps-per-epoch 30 "
+     "--eval-images 1000"),
+    ("Step 05, live: a sweep cut to fit",
+     "python 05-ray-tune/tune_ray_ddp.py --num-workers 1 --num-samples 2 --epochs 2 --steps-per-epoch 10 "
+     "--eval-images 500"),
+    ("Your turn: step 06, classify with the model you trained",
+     "python 06-ray-data-inference/batch_inference.py --checkpoint checkpoints/ddp --actors 2 --eval-images 1000"),
+]
+# Commands the core shows that are not run during the talk, and why.
+NOT_TIMED = {
+    "python3 -m venv .venv": "before the workshop (the invitation)",
+    ". .venv/bin/activate": "before the workshop (the invitation)",
+    "pip install -r requirements.txt": "before the workshop (the invitation)",
+}
+READS_DATA = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py", "train_ray_fsdp2.py", "train_ray_fsdp.py",
+              "tune_ray_ddp.py", "batch_inference.py", "train_ray_ddp_with_ray_data.py")
+WRITES_OUT = ("tune_ray_ddp.py", "batch_inference.py")
+
+
+@dataclass
+class Slide:
+    number: int
+    title: str
+    minutes: float
+    text: str  # everything on the slide and in its notes, code included
+
+
+def parse_deck(text: str) -> list:
+    """The slides of the Marp deck: split at `---` lines outside code blocks and comments, after the front matter."""
+    lines = text.splitlines()
+    end = lines.index("---", 1)
+    slides, current, fence, comment = [], [], False, False
+    for line in lines[end + 1:]:
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and "<!--" in line and "-->" not in line.split("<!--", 1)[1]:
+            comment = True
+        elif comment and "-->" in line:
+            comment = False
+        if line == "---" and not fence and not comment:
+            slides.append(current)
+            current = []
+        else:
+            current.append(line)
+    slides.append(current)
+    parsed = []
+    for number, body in enumerate(slides, 1):
+        title = next((line[2:].strip() for line in body if line.startswith("# ")), "")
+        text = "\n".join(body)
+        parsed.append(Slide(number, title, sum(float(m) for m in MINUTES.findall(text)), text))
+    return parsed
+
+
+def core(slides: list) -> list:
+    divider = next(s.number for s in slides if s.title == APPENDIX)
+    return slides[:divider - 1]
+
+
+def deck_commands(slide: Slide) -> list:
+    """The commands a slide tells someone to run: each command of its bash blocks (continuations joined, comments
+    dropped, split at && and ;), and each presenter-note line that starts with `Live:`."""
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", slide.text, re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                found += [" ".join(part.split()) for part in re.split(r"&&|;", line) if part.strip()]
+    for line in slide.text.splitlines():
+        if line.strip().startswith("Live:"):
+            found.append(" ".join(line.strip()[len("Live:"):].split()))
+    return found
+
+
+def script_of(words: list) -> str | None:
+    return next((w for w in words if re.fullmatch(r"0\d-[\w-]+/\w+\.py", w)), None)
+
+
+def as_run(command: str, out: Path, data_dir: str | None) -> list:
+    """The command as the rehearsal runs it: its data, checkpoints and outputs under `out` (see the docstring)."""
+    words = shlex.split(command)
+    words = [str(out / "checkpoints" / w[len("checkpoints/"):]) if w.startswith("checkpoints/") else w for w in words]
+    script = script_of(words)
+    if script is None or words[0] == "diff":  # a diff names two scripts: it runs neither
+        return words
+    name = Path(script).name
+    if name in READS_DATA and "--data" not in words and "--data-dir" not in words:
+        words += ["--data-dir", data_dir] if data_dir else ["--data", "synthetic"]
+    if name != "batch_inference.py" and "--checkpoint-dir" not in words:
+        step = re.search(r'^STEP = "(\w+)"', (ROOT / script).read_text(), re.M).group(1)
+        words += ["--checkpoint-dir", str(out / "checkpoints" / step)]
+    if name in WRITES_OUT and "--out" not in words:
+        words += ["--out", str(out / "results" / Path(script).parent.name)]
+    return words
+
+
+@dataclass
+class Timed:
+    slide: int
+    title: str
+    slot_min: float
+    command: str
+    ran: str
+    seconds: float
+    returncode: int
+    ok: bool
+    last_lines: list
+
+
+def last_lines(text: str, n: int = 30) -> list:
+    """The last lines a command printed, progress bars dropped (tqdm redraws with carriage returns)."""
+    lines = [line.split("\r")[-1].rstrip() for line in text.splitlines()]
+    return [line for line in lines if line.strip() and "it/s]" not in line and "s/it]" not in line][-n:]
+
+
+def rehearse(out: Path, data_dir: str | None, only: list | None = None) -> list:
+    slides = {s.title: s for s in core(parse_deck(DECK.read_text()))}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    timed = []
+    for i, (title, command) in enumerate(REHEARSAL, 1):
+        if only and i not in only:
+            continue
+        slide = slides.get(title) or Slide(0, title, 0, "")  # a title the deck lost: tests/test_rehearsal.py says
+        words = as_run(command, out, data_dir)
+        print(f"[{i}/{len(REHEARSAL)}] slide {slide.number} ({slide.minutes:g} min): {command}", flush=True)
+        start = time.monotonic()
+        done = subprocess.run(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seconds = time.monotonic() - start
+        (out / "logs" / f"{i:02d}.log").write_text(f"$ {shlex.join(words)}\n{done.stdout}")
+        ok = done.returncode == 0 or (words[0] == "diff" and done.returncode == 1)  # diff: 1 means they differ
+        timed.append(Timed(slide.number, title, slide.minutes, command, shlex.join(words), round(seconds, 1),
+                           done.returncode, ok, last_lines(done.stdout)))
+        print(f"    {seconds:.1f} s, exit code {done.returncode}", flush=True)
+    return timed
+
+
+def results_markdown(results: dict) -> str:
+    lines = ["# The core talk, rehearsed", "",
+             f"Measured on {results['machine']}; {results['date']}, commit {results['commit']}; "
+             f"{results['data']}.", "",
+             f"Load average (1, 5, 15 min) before: {results['load_average_before']}, after: "
+             f"{results['load_average_after']}; {results['note']}", "",
+             "| slide | command | slot | measured |", "|---|---|---|---|"]
+    for c in results["commands"]:
+        lines.append(f"| {c['slide']} {c['title']} | `{c['command']}` | {c['slot_min']:g} min | "
+                     f"{c['seconds']:.1f} s{'' if c['ok'] else ', exit code ' + str(c['returncode'])} |")
+    lines += ["", "Made by `python slides/rehearse.py` (its docstring says what it adds to each command).", ""]
+    for c in results["commands"]:
+        if c["last_lines"] and not c["command"].startswith("diff"):
+            lines += [f"## Slide {c['slide']}: `{c['command']}`", "", "```text", *c["last_lines"], "```", ""]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from compare_steps import describe_machine
+    return describe_machine()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", help="a folder holding CIFAR-10's cifar10_train.npz and cifar10_test.npz "
+                                           "(default: synthetic data)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "rehearsal")
+    parser.add_argument("--only", type=int, nargs="+", help="run only these commands (numbers from --list)")
+    parser.add_argument("--note", default="", help="a line for results.md, such as who else used the machine")
+    parser.add_argument("--list", action="store_true", help="print the commands and their slots, run nothing")
+    args = parser.parse_args()
+    if args.list:
+        slides = {s.title: s for s in core(parse_deck(DECK.read_text()))}
+        for i, (title, command) in enumerate(REHEARSAL, 1):
+            slide = slides.get(title) or Slide(0, f"not in the deck: {title}", 0, "")
+            print(f"{i:2d}. slide {slide.number} ({slide.minutes:g} min): {command}")
+        return
+    if args.data_dir and not (Path(args.data_dir) / "cifar10_train.npz").is_file():
+        raise SystemExit(f"error: --data-dir {args.data_dir} holds no cifar10_train.npz")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    before, started = [round(x, 2) for x in os.getloadavg()], datetime.now(timezone.utc)
+    timed = rehearse(args.out, args.data_dir, args.only)
+    results = dict(machine=machine(), date=started.strftime("%Y-%m-%d"),
+                   started_utc=started.strftime("%Y-%m-%d %H:%M UTC"), commit=commit,
+                   data="CIFAR-10" if args.data_dir else "synthetic data",
+                   load_average_before=before, load_average_after=[round(x, 2) for x in os.getloadavg()],
+                   note=args.note, commands=[asdict(t) for t in timed])
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.md").write_text(results_markdown(results))
+    over = [t for t in timed if t.seconds > 60 * t.slot_min or not t.ok]
+    print(f"wrote {args.out / 'results.json'}; " + (f"{len(over)} over their slot or failed" if over
+                                                     else "every command within its slot"))
+
+
+if __name__ == "__main__":
+    main()
