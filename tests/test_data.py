@@ -7,11 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
 from common import augment_batch, build_model, evaluate, load_data, normalize, peak_memory_mb, predict
 from common.data import CROP_PADDING
 from common import data as data_module
+from conftest import load_script, parse_only
+
+DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
 
 class FakeCIFAR10:
@@ -113,11 +115,30 @@ def test_synthetic_data_is_deterministic_and_balanced():
     assert not torch.equal(a.train_images[: len(a.test_images)], a.test_images)  # test is not a copy of train
 
 
+class Loader(Exception):
+    """Raised in place of the DataLoader that a step's train() builds: its sampler."""
+
+
+def ddp_sampler(rank: int, world_size: int):
+    """The sampler that step 01's DDP script builds for this rank (its own train(), stopped at its DataLoader)."""
+    script = load_script(DDP)
+
+    def loader(dataset, sampler, **options):
+        raise Loader(sampler)
+
+    script.DataLoader = loader
+    _, args = parse_only(DDP, "--data", "synthetic", "--model", "tiny", "--batch-size", str(8 * world_size))
+    with pytest.raises(Loader) as built:
+        script.train(args, rank, world_size, master_process=rank == 0, device=torch.device("cpu"))
+    return built.value.args[0]
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_shards_are_disjoint_cover_the_set_and_reshuffle(world_size):
-    dataset = TensorDataset(torch.arange(100))
-    samplers = [DistributedSampler(dataset, world_size, rank, shuffle=True, seed=0, drop_last=True)
-                for rank in range(world_size)]
+def test_the_ddp_scripts_shards_are_disjoint_cover_the_set_and_reshuffle(world_size):
+    """As the script's loop uses its sampler (set_epoch every epoch). That the ranks' batches together are the single
+    machine's batches is proved by the runs themselves: test_step01's DDP run ends with one process's weights."""
+    samplers = [ddp_sampler(rank, world_size) for rank in range(world_size)]
+    size = len(load_data("synthetic", "unused").train_labels)
     orders = {}
     for epoch in (0, 1):
         shards = []
@@ -125,25 +146,9 @@ def test_shards_are_disjoint_cover_the_set_and_reshuffle(world_size):
             sampler.set_epoch(epoch)
             shards.append(list(sampler))
         flat = [i for shard in shards for i in shard]
-        assert len(flat) == len(set(flat)) == 100 // world_size * world_size  # disjoint, nothing padded
+        assert len(flat) == len(set(flat)) == size // world_size * world_size  # disjoint, nothing padded
         orders[epoch] = shards
     assert orders[0] != orders[1]  # set_epoch reshuffles
-
-
-def test_ddp_global_batches_hold_the_single_machine_batches():
-    """Rank r's k-th batch, over all ranks, is exactly the single-machine k-th batch (same seed+epoch)."""
-    dataset, epoch, world_size, per_rank = TensorDataset(torch.arange(100)), 3, 2, 8
-    shuffle = torch.Generator()
-    shuffle.manual_seed(0 + epoch)
-    single = list(RandomSampler(dataset, generator=shuffle))
-    shards = []
-    for rank in range(world_size):
-        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=0, drop_last=True)
-        sampler.set_epoch(epoch)
-        shards.append(list(sampler))
-    for k in range(len(shards[0]) // per_rank):
-        global_batch = {i for shard in shards for i in shard[k * per_rank:(k + 1) * per_rank]}
-        assert global_batch == set(single[k * per_rank * world_size:(k + 1) * per_rank * world_size])
 
 
 def test_augmentation_is_keyed_on_sample_epoch_and_seed():
