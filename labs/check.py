@@ -27,6 +27,8 @@ LABS = {
     "04": Lab("04_fully_shard.py", "labs.checks.fully_shard", "shard the model with FSDP2: per block, then the root"),
     "04-accumulate": Lab("04_accumulate.py", "labs.checks.accumulate",
                          "accumulate gradients under FSDP2 with one reduce-scatter per optimizer step"),
+    "05": Lab("05_tune.py", "labs.checks.tune", "tune with Ray Tune: a search space, ASHA, a TorchTrainer per trial",
+              ray=True),
     "06": Lab("06_predictor.py", "labs.checks.predictor", "classify with Ray Data, loading the model once per actor",
               ray=True),
 }

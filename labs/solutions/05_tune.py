@@ -1,0 +1,74 @@
+"""Lab 05, solved: a sweep as 05-ray-tune/tune_ray_ddp.py runs it: a search space, ASHA, and trials that each
+build a TorchTrainer, tuned on the validation split.
+
+    python -m labs.check 05 --file labs/solutions/05_tune.py
+"""
+import argparse
+import itertools
+
+import ray.train.torch
+import ray.tune
+import torch
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import BasicVariantGenerator
+from torch.utils.data import DataLoader
+
+from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+
+SEARCH_SPACE = {
+    "lr": ray.tune.qloguniform(1e-5, 1e-1, 1e-5),  # wide: the check's 3 trials must differ
+    "weight_decay": ray.tune.qloguniform(0.01, 0.3, 0.005),
+}
+# A trial only drives its Ray Train run: a CPU held by the trial would be one its own worker waits for.
+TRIAL_RESOURCES = {"cpu": 0, "memory": 512 * 2**20}
+
+
+def sweep(args, storage: str) -> ray.tune.ResultGrid:
+    """args.num_samples trials, one at a time; trial 0 trains the flags as given."""
+    recipe = {key: getattr(args, key) for key in SEARCH_SPACE}
+    search = BasicVariantGenerator(points_to_evaluate=[recipe], max_concurrent=1, random_state=args.seed)
+    asha = ASHAScheduler(time_attr="epoch", max_t=args.epochs, grace_period=1, reduction_factor=2,
+                         stop_last_trials=False)
+    tuner = ray.tune.Tuner(
+        ray.tune.with_resources(run_trial, TRIAL_RESOURCES),
+        # Tuned on the last 5,000 training images, held out: never on the test set.
+        param_space=dict(vars(args), data="cifar10-val", **SEARCH_SPACE),
+        tune_config=ray.tune.TuneConfig(metric="test_accuracy", mode="max", num_samples=args.num_samples,
+                                        search_alg=search, scheduler=asha),
+        run_config=ray.tune.RunConfig(storage_path=storage, verbose=0))
+    return tuner.fit()
+
+
+def run_trial(config):
+    """One trial, in a Tune actor: a Ray Train run of train_func with this trial's config."""
+    trainer = TorchTrainer(
+        train_func, train_loop_config=config, scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(storage_path=config["checkpoint_dir"],
+                             # Every ray.train.report also reaches Tune (and ASHA):
+                             callbacks=[TuneReportCallback()]))
+    trainer.fit()
+
+
+def train_func(config):
+    """The recipe's loop in the trial's worker, scored on the evaluation split of config["data"] every epoch."""
+    args = argparse.Namespace(**config)
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    shuffle = torch.Generator().manual_seed(args.seed)
+    train_loader = DataLoader(data.train_set(), batch_size=args.batch_size, shuffle=True, generator=shuffle,
+                              drop_last=True)
+    device = ray.train.torch.get_device()
+    torch.manual_seed(args.seed)
+    model = ray.train.torch.prepare_model(build_model(args.model))
+    optimizer = make_optimizer(model, args, device)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    for epoch in range(args.epochs):
+        for images, labels, ids in itertools.islice(train_loader, args.steps_per_epoch):
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(model(augment_batch(images, ids, epoch, args.seed)), labels)
+            loss.backward()
+            optimizer.step()
+        correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
+        ray.train.report(dict(epoch=epoch + 1, test_accuracy=correct / counted))
