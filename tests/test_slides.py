@@ -191,6 +191,18 @@ def slide_id(slide) -> str:
     return f"{slide.number}: {slide.title}"
 
 
+def assert_every(check, cases: list):
+    """One test for many slides: check(*case) on every case, then one failure that names each slide whose check
+    failed (the first line of its message), rather than a test per slide."""
+    failed = []
+    for case in cases:
+        try:
+            check(*case)
+        except AssertionError as error:
+            failed.append(str(error).splitlines()[0])
+    assert not failed, f"{len(failed)} of {len(cases)} failed:\n" + "\n".join(failed)
+
+
 # --- code excerpts ---------------------------------------------------------------------------------------------
 
 @dataclass
@@ -333,9 +345,7 @@ def diff_problem(block_lines: list, old: str, new: str):
     return f"`diff -u {old} {new}` does not show this line with that marker: {marked[stuck]!r}"
 
 
-@pytest.mark.parametrize("slide, block", [(s, b) for s, b in BLOCKS if b.lang in ("python", "diff")],
-                         ids=lambda x: slide_id(x) if isinstance(x, Slide) else x.lang)
-def test_every_excerpt_names_its_script_and_is_its_code(slide, block):
+def check_excerpt(slide, block):
     kind = "code" if block.lang == "python" else "diff"
     assert block.source and block.source.startswith(f"{kind}:"), \
         f"slide {slide_id(slide)}: a ```{block.lang} block needs `<!-- {kind}: ... -->` right before it"
@@ -349,6 +359,10 @@ def test_every_excerpt_names_its_script_and_is_its_code(slide, block):
         assert len(paths) == 2, f"slide {slide_id(slide)}: `<!-- diff: OLD NEW -->` names two files"
         problem = diff_problem(block.lines, *paths)
     assert problem is None, f"slide {slide_id(slide)}, {block.source}: {problem}"
+
+
+def test_every_excerpt_names_its_script_and_is_its_code():
+    assert_every(check_excerpt, [(s, b) for s, b in BLOCKS if b.lang in ("python", "diff")])
 
 
 def test_the_excerpt_check_allows_its_three_liberties_and_nothing_else():
@@ -387,9 +401,7 @@ def defines(script, flag: str) -> bool:
     return re.search(rf"^\s*(\S+\|)?{re.escape(flag)}(\|\S+)?\)", text, flags=re.M) is not None  # a case label
 
 
-@pytest.mark.parametrize("slide, block", [(s, b) for s, b in BLOCKS if b.lang == "bash"],
-                         ids=lambda x: slide_id(x) if isinstance(x, Slide) else x.lang)
-def test_commands_run_scripts_that_exist_with_flags_they_define(slide, block):
+def check_commands(slide, block):
     """A shell launcher's flags are its own; those after a bare `--` go to the Python script it starts."""
     for command in commands(block.lines):
         for part in re.split(r"&&|;|\|", command):
@@ -406,6 +418,10 @@ def test_commands_run_scripts_that_exist_with_flags_they_define(slide, block):
                     elif word.startswith("--"):
                         flag = word.split("=")[0]
                         assert defines(target, flag), f"slide {slide_id(slide)}: {target.name} defines no {flag}"
+
+
+def test_commands_run_scripts_that_exist_with_flags_they_define():
+    assert_every(check_commands, [(s, b) for s, b in BLOCKS if b.lang == "bash"])
 
 
 # --- numbers ---------------------------------------------------------------------------------------------------
@@ -490,10 +506,13 @@ def minutes(slide) -> float:
     return sum(float(m) for note in slide.notes for m in MINUTES.findall(note))
 
 
-@pytest.mark.parametrize("slide", SLIDES, ids=slide_id)
-def test_every_slide_has_presenter_notes_with_its_minutes(slide):
+def check_notes(slide):
     assert slide.notes, f"slide {slide_id(slide)}: no presenter note (an HTML comment)"
     assert minutes(slide) > 0, f"slide {slide_id(slide)}: no '~N min' in its presenter notes"
+
+
+def test_every_slide_has_presenter_notes_with_its_minutes():
+    assert_every(check_notes, [(slide,) for slide in SLIDES])
 
 
 def test_the_core_talk_fits_its_time_and_an_appendix_follows_it():
@@ -558,13 +577,16 @@ def test_every_link_to_a_slide_names_one_that_exists():
                                                f"{len(SLIDES)}"
 
 
-@pytest.mark.parametrize("slide", APPENDIX_SLIDES, ids=slide_id)
-def test_every_appendix_slide_is_linked_from_the_core_slide_it_deepens_and_back(slide):
+def check_appendix_links(slide):
     linked_from = [core.number for core in CORE if slide.number in core.links]
     assert linked_from, f"slide {slide_id(slide)}: no core slide links to it ([text](#{slide.number}))"
     assert set(slide.links) & set(linked_from), \
         f"slide {slide_id(slide)}: link back to a core slide that links to it (one of {linked_from}); " \
         f"it links to {slide.links}: was the deck renumbered?"
+
+
+def test_every_appendix_slide_is_linked_from_the_core_slide_it_deepens_and_back():
+    assert_every(check_appendix_links, [(slide,) for slide in APPENDIX_SLIDES])
 
 
 def test_the_first_content_slide_is_what_to_install_before_the_workshop():
@@ -599,12 +621,15 @@ def image_size(directive: str, path: str) -> tuple:
     return int(sizes["h"]) * width / height, int(sizes["h"])
 
 
-@pytest.mark.parametrize("slide, directive, path", IMAGES, ids=[f"{slide_id(s)}: {p}" for s, _, p in IMAGES])
-def test_every_image_on_a_slide_exists_and_fits_the_width(slide, directive, path):
+def check_image(slide, directive, path):
     assert (SLIDES_DIR / path).is_file(), f"slide {slide_id(slide)}: no image slides/{path}"
     width, _ = image_size(directive, path)
     assert width <= TEXT_WIDTH, f"slide {slide_id(slide)}: {path} is {width:.0f} px wide at {directive}, the " \
                                 f"slide's text {TEXT_WIDTH}"
+
+
+def test_every_image_on_a_slide_exists_and_fits_the_width():
+    assert_every(check_image, IMAGES)
 
 
 def test_every_diagram_the_deck_uses_has_its_source_beside_it():
@@ -701,8 +726,7 @@ def test_the_height_estimate_counts_pictures_and_tables_that_wrap():
     assert height(wide) > title + GAP + 2 * ROW_HEIGHT  # too wide for the slide: the headings wrap
 
 
-@pytest.mark.parametrize("slide", SLIDES, ids=slide_id)
-def test_every_slide_fits_the_frame_at_full_size(slide):
+def check_frame(slide):
     for block in slide.blocks:
         assert len(block.lines) <= MAX_CODE_LINES, \
             f"slide {slide_id(slide)}: a code block of {len(block.lines)} lines (at most {MAX_CODE_LINES})"
@@ -712,3 +736,7 @@ def test_every_slide_fits_the_frame_at_full_size(slide):
     height = estimated_height(slide)
     assert height <= SLIDE_HEIGHT, f"slide {slide_id(slide)}: about {height:.0f} px of content, the frame holds " \
                                    f"{SLIDE_HEIGHT}: split it"
+
+
+def test_every_slide_fits_the_frame_at_full_size():
+    assert_every(check_frame, [(slide,) for slide in SLIDES])
