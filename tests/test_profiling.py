@@ -1,19 +1,18 @@
-"""common/profiling.py: the interval arithmetic and the reading of a trace, on hand-made traces;
-then real profiles over gloo, of DDP (one process) and FSDP2 (two): the collectives they issue."""
+"""common/profiling.py: the interval arithmetic and the reading of a trace, on hand-made traces; then the profiles of
+the scripts' own runs (step 01's torchrun DDP run and step 04's FSDP2 run, the suite's shared runs), and PyTorch's
+DDP all-reducing in every backward but under no_sync() (upstream)."""
 import argparse
 import contextlib
-import json
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from common.flags import Parser
 from common.profiling import (StepProfiler, add_profile_flag, analyze_trace, check_profile_flag,
                               collective_kind, intersection, load_trace, total, union)
+from conftest import profile_summary
 
 MAIN, GLOO_A, GLOO_B = 1, 2, 3  # thread ids: the training thread and two of gloo's
 NEXT_BATCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -167,14 +166,41 @@ def small_model():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-@pytest.mark.parametrize("no_sync", [False, True])
-def test_ddp_all_reduces_are_counted_per_optimizer_step(one_process_group, tmp_path, capsys,
-                                                        no_sync):
-    """Two micro-batches per optimizer step: DDP all-reduces after each backward, unless the first
-    runs under no_sync(). A model this small is one bucket: one all-reduce per backward."""
+def assert_profiled_steps(summary: dict, ranks: int):
+    """Every rank's trace and its 2 profiled optimizer steps: the phases add up to the step, every collective kind
+    took time, and gloo ran each collective on a thread of its own, off the training thread."""
+    assert [rank["rank"] for rank in summary["ranks"]] == list(range(ranks))
+    for rank in summary["ranks"]:
+        assert len(rank["steps"]) == 2
+        for step in rank["steps"]:
+            assert step["collectives"] and all(c["ms"] > 0 for c in step["collectives"].values())
+            assert step["forward_ms"] > 0 and step["backward_ms"] > 0 and step["optimizer_ms"] > 0
+            phases = sum(step[f"{phase}_ms"] for phase in ("forward", "backward", "optimizer", "other"))
+            assert phases == pytest.approx(step["step_ms"])
+        events = load_trace(rank["trace"])
+        training = next(e["tid"] for e in events if e["name"].startswith("ProfilerStep#"))
+        runs = [e for e in events if e["name"].startswith("gloo:")]
+        assert runs and all(e["tid"] != training for e in runs)
+
+
+def test_step01s_ddp_run_is_profiled_phase_by_phase_and_printed(ddp_run):
+    """The script's own run (torchrun, 2 ranks, 2 micro-batches per step): test_step01 counts its all-reduces."""
+    assert_profiled_steps(profile_summary(ddp_run[1]), ranks=2)
+    assert "  2 calls, " in ddp_run[2].stdout  # the all_reduce column of the printed table: calls, ms in all
+
+
+def test_step04s_fsdp2_run_is_profiled_phase_by_phase_on_both_ranks(fsdp2_run):
+    """The script's own run, resumed on 2 workers: test_step04 counts its all-gathers and reduce-scatters."""
+    assert_profiled_steps(profile_summary(fsdp2_run[1]), ranks=2)
+    assert "profile: 2 optimizer steps after 2 warm-up steps" in fsdp2_run[2].stdout
+
+
+def all_reduces_per_step(folder, no_sync: bool) -> list:
+    """A one-bucket DDP model (one all-reduce per backward), 2 micro-batches per optimizer step, the first under
+    no_sync() or not: the all-reduces of each of the 2 profiled steps."""
     model = DistributedDataParallel(small_model())
     optimizer = torch.optim.AdamW(model.parameters())
-    profiler = StepProfiler(argparse.Namespace(profile_steps=2), 0, tmp_path)
+    profiler = StepProfiler(argparse.Namespace(profile_steps=2), 0, folder)
     for _ in range(5):
         with model.no_sync() if no_sync else contextlib.nullcontext():
             model(torch.randn(8, 16)).square().mean().backward()
@@ -182,51 +208,13 @@ def test_ddp_all_reduces_are_counted_per_optimizer_step(one_process_group, tmp_p
         optimizer.step()
         profiler.step()
         optimizer.zero_grad()
-    assert profiler.profiler is None  # stopped after its steps
-    summary = json.loads((tmp_path / "profile" / "summary.json").read_text())
-    [rank] = summary["ranks"]
-    assert rank["trace"] == str(tmp_path / "profile" / "rank0.json.gz") and len(rank["steps"]) == 2
-    for step in rank["steps"]:
-        assert step["collectives"]["all_reduce"]["calls"] == (1 if no_sync else 2)
-        assert step["collectives"]["all_reduce"]["ms"] > 0
-        assert step["forward_ms"] > 0 and step["backward_ms"] > 0 and step["optimizer_ms"] > 0
-        phases = sum(step[f"{phase}_ms"] for phase in ("forward", "backward", "optimizer", "other"))
-        assert phases == pytest.approx(step["step_ms"])
-    printed = capsys.readouterr().out
-    assert printed.count("profile: 2 optimizer steps after 2 warm-up steps") == 1
-    assert f"  {1 if no_sync else 2} calls, " in printed  # the all_reduce column: calls, ms in all
+    return [step["collectives"]["all_reduce"]["calls"] for step in profile_summary(folder)["ranks"][0]["steps"]]
 
 
-def run_fsdp2_rank(rank, folder):
-    """One of two processes: both layers FSDP2 units, profiled for 2 steps."""
-    store = dist.FileStore(str(folder / "store"), 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    model = small_model()
-    for module in (model[0], model[2], model):
-        fully_shard(module)
-    optimizer = torch.optim.AdamW(model.parameters())
-    profiler = StepProfiler(argparse.Namespace(profile_steps=2), rank, folder)
-    for _ in range(4):
-        model(torch.randn(8, 16)).square().mean().backward()
-        optimizer.step()
-        profiler.step()
-        optimizer.zero_grad()
-    dist.destroy_process_group()
-
-
-def test_fsdp2_all_gathers_and_reduce_scatters_on_both_ranks(tmp_path):
-    """Per step: each layer gathered for forward and again for backward (resharded after forward),
-    and its gradients reduce-scattered once; gloo runs them on threads of its own."""
-    mp.spawn(run_fsdp2_rank, args=(tmp_path,), nprocs=2)
-    summary = json.loads((tmp_path / "profile" / "summary.json").read_text())
-    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
-    for rank in summary["ranks"]:
-        assert len(rank["steps"]) == 2
-        for step in rank["steps"]:
-            calls = {kind: c["calls"] for kind, c in step["collectives"].items()}
-            assert calls == dict(all_gather=4, reduce_scatter=2)
-            assert all(c["ms"] > 0 for c in step["collectives"].values())
-        events = load_trace(rank["trace"])
-        training = next(e["tid"] for e in events if e["name"].startswith("ProfilerStep#"))
-        runs = [e for e in events if e["name"] in ("gloo:all_gather", "gloo:all_reduce")]
-        assert len(runs) == 2 * (4 + 2) and all(e["tid"] != training for e in runs)
+@pytest.mark.upstream
+def test_ddp_all_reduces_after_every_backward_unless_no_sync(one_process_group, tmp_path):
+    """PyTorch's behaviour that README.md's "skips the first all-reduce with no_sync()" rests on, and that makes
+    test_step01's count of all-reduces per step fail if the scripts lost no_sync(): without it, every micro-batch's
+    backward all-reduces."""
+    assert all_reduces_per_step(tmp_path / "with", no_sync=True) == [1, 1]
+    assert all_reduces_per_step(tmp_path / "without", no_sync=False) == [2, 2]
