@@ -16,27 +16,20 @@ RAY_SCRIPTS = SCRIPTS[2:]
 
 # (flags, the one line expected on stderr); {file} is a regular file, so nothing can be created under it.
 EVERY_STEP = [
-    (["--epochs", "0"], "error: --epochs 0 must be at least 1"),
-    (["--batch-size", "0"], "error: --batch-size 0 must be at least 1"),
-    (["--steps-per-epoch", "-3"], "error: --steps-per-epoch -3 must be at least 1"),
-    (["--eval-images", "0"], "error: --eval-images 0 must be at least 1"),
+    *[([flag, value], f"error: {flag} {value} must be at least 1") for flag, value in [
+        ("--epochs", "0"), ("--batch-size", "0"), ("--steps-per-epoch", "-3"), ("--eval-images", "0"),
+        ("--grad-accum-steps", "0")]],
+    *[([flag, value], f"error: {flag} {value} must be a finite number") for flag, value in [
+        ("--lr", "nan"), ("--lr", "inf"), ("--weight-decay", "inf"), ("--weight-decay", "nan"),
+        ("--warmup-epochs", "nan"), ("--label-smoothing", "inf")]],
+    *[([flag, value], f"error: {flag} {shown} must be 0 or more") for flag, value, shown in [  # shown as parsed
+        ("--warmup-epochs", "-1", "-1.0"), ("--weight-decay", "-1", "-1.0"), ("--profile-steps", "-1", "-1"),
+        ("--seed", "-1", "-1")]],
     (["--lr", "-0.1"], "error: --lr -0.1 must be greater than 0 (the recipe's is 2e-3)"),
-    (["--lr", "nan"], "error: --lr nan must be a finite number"),
-    (["--lr", "inf"], "error: --lr inf must be a finite number"),
-    (["--weight-decay", "inf"], "error: --weight-decay inf must be a finite number"),
-    (["--weight-decay", "nan"], "error: --weight-decay nan must be a finite number"),
-    (["--warmup-epochs", "nan"], "error: --warmup-epochs nan must be a finite number"),
-    (["--warmup-epochs", "-1"], "error: --warmup-epochs -1.0 must be 0 or more"),
-    (["--label-smoothing", "inf"], "error: --label-smoothing inf must be a finite number"),
     (["--label-smoothing", "-0.1"],
      "error: --label-smoothing -0.1 must be at least 0 and below 1 (the recipe's is 0.1)"),
-    (["--grad-accum-steps", "0"], "error: --grad-accum-steps 0 must be at least 1"),
-    (["--profile-steps", "-1"], "error: --profile-steps -1 must be 0 or more"),
     (["--steps-per-epoch", "6", "--profile-steps", "5"],
      "error: --profile-steps 5 and 2 warm-up steps do not fit in an epoch of 6 steps; use at most 4"),
-
-    (["--weight-decay", "-1"], "error: --weight-decay -1.0 must be 0 or more"),
-    (["--seed", "-1"], "error: --seed -1 must be 0 or more"),
     (["--label-smoothing", "1"], "error: --label-smoothing 1.0 must be at least 0 and below 1 (the recipe's is 0.1)"),
     (["--epochs", "2", "--warmup-epochs", "3"], "error: --warmup-epochs 3.0 is longer than --epochs 2; use at most 2"),
     (["--epochs", "2", "--fail-at-epoch", "3"], "error: --fail-at-epoch 3 must be between 1 and --epochs 2"),
