@@ -393,11 +393,11 @@ def ray_start_slide(results: dict) -> list:
     steps = ok_runs(results, "steps")
     if results.get("ray_start_s") is None or "ray_ddp" not in steps:
         return ["Not measured yet."]
-    line = (f"- Slow start: Ray itself takes {results['ray_start_s']:.1f} s, then a controller and a process per "
-            f"worker, each importing torch: the first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s")
+    line = (f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
+            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s")
     if "ddp" in steps:
-        line += f" (torchrun: {steps['ddp'].launch_to_first_step_s:.1f} s)"
-    return [line, "", f"{slide_measured_on(results)}: the runs of the steps table"]
+        line += f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)"
+    return [line, "", f"{slide_measured_on(results)}: the steps table"]
 
 
 def comparison_slide(results: dict) -> list:
@@ -409,7 +409,7 @@ def comparison_slide(results: dict) -> list:
 
     def row(label, cell):
         lines.append(f"| {label} | " + " | ".join(cell(n) for n, _ in names) + " |")
-    row("images/s", lambda n: f"{speed[n]:,.0f}" if n in speed else "-")
+    row("images/s, 2 ranks", lambda n: f"{speed[n]:,.0f}" if n in speed else "-")
     row("of torchrun's", lambda n: f"{speed[n] / speed['ddp']:.2f}" if n in speed and "ddp" in speed else "-")
     row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-")
 

@@ -63,7 +63,7 @@ REHEARSAL = [
     ("Step 05, live: a sweep cut to fit",
      "python 05-ray-tune/tune_ray_ddp.py --num-workers 1 --num-samples 2 --epochs 2 --steps-per-epoch 10 "
      "--eval-images 500"),
-    ("Your turn: step 06, classify with the model you trained",
+    ("Your turn: step 06, classify with your model",
      "python 06-ray-data-inference/batch_inference.py --checkpoint checkpoints/ddp --actors 2 --eval-images 1000"),
 ]
 # Commands the core shows that are not run during the talk, and why.

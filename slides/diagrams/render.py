@@ -20,7 +20,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from style import SCALE  # noqa: E402
 
-SCRIPTS = ["ddp.py", "fsdp.py", "ring-allreduce.py", "torchrun-vs-ray.py", "memory.py"]
+SCRIPTS = ["ddp.py", "fsdp.py", "ring-allreduce.py", "torchrun-vs-ray.py", "memory.py", "throughput.py", "sweep.py",
+           "profile.py"]
 
 
 def render_dot(src):
