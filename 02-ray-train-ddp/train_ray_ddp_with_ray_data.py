@@ -113,7 +113,7 @@ def train(args, rank, world_size, master_process, device):
               f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted a failed worker group, or when a run is resumed.
+    # A checkpoint is there after Ray restarted the worker group, or when a run is resumed.
     if checkpoint := ray.train.get_checkpoint():
         with checkpoint.as_directory() as checkpoint_dir:
             state = load_checkpoint(Path(checkpoint_dir) / "checkpoint.pt", args)

@@ -1,12 +1,6 @@
 """Step 04: FSDP2 by hand. Each worker holds only 1/N of the weights, gradients and AdamW state.
 
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 1
-    # The memory lesson: one step of the 1.02B-parameter giant, as the benchmark ran it on CPUs:
-    # about 4 min on 2 cores, 20 GB of RAM (10 GB per worker), a 15 GiB checkpoint in
-    # --checkpoint-dir (delete it after). Not its defaults: 10 full epochs, at that step's
-    # 0.03 images/s, would take months.
-    python 04-ray-train-fsdp2/train_ray_fsdp2.py --model giant --data synthetic --epochs 1 \
-        --steps-per-epoch 1 --batch-size 2 --eval-images 2 --max-failures 0
     python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 1-4  # elastic: 1 to 4 workers
 
 The lesson, and what to diff this file against: README.md in this folder.
@@ -16,6 +10,7 @@ import itertools
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray.train.torch  # also imports ray and ray.train
@@ -24,9 +19,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -35,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import common
 from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common import epoch_line, gather_from_ranks, peak_memory_mb, save_full_model, this_node
 from common.flags import add_fsdp2_flags
 from common.model import TRANSFORMER_BLOCK
 from common.meter import RunMeter, print_run_summary
@@ -60,8 +54,6 @@ def main():
     trainer = TorchTrainer(
         train_func,
         train_loop_config=vars(args),
-        # --num-workers 1-4 is (1, 4): elastic. Ray resizes the group to what the cluster holds
-        # (it looks every RESIZE_CHECK_INTERVAL_S), each time a restart from the last checkpoint.
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
                                      elastic_resize_monitor_interval_s=RESIZE_CHECK_INTERVAL_S),
         run_config=RunConfig(
@@ -91,8 +83,6 @@ def train(args, rank, world_size, master_process, device):
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
-    # The seed and the epoch fix the order, so each step's global batch is the same at any size:
-    # a run resized from a checkpoint (elastic) trains what a fixed-size run does, up to rounding.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
@@ -119,7 +109,7 @@ def train(args, rank, world_size, master_process, device):
               f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted a failed or resized worker group, or on --resume.
+    # A checkpoint is there after Ray restarted the worker group, or when a run is resumed.
     if checkpoint := ray.train.get_checkpoint():
         state = AppState(model, optimizer, scheduler)
         with checkpoint.as_directory() as checkpoint_dir:
@@ -169,11 +159,10 @@ def train(args, rank, world_size, master_process, device):
             print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
         summary = meter.summary(history, params, nodes)  # the run so far
         with tempfile.TemporaryDirectory() as checkpoint_dir:
-            # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one.
             state = AppState(model, optimizer, scheduler, epoch, history)
-            dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
+            dcp.save({"app": state}, checkpoint_id=checkpoint_dir)  # each rank its own slices
             if epoch + 1 == args.epochs:
-                save_model_for_inference(model, optimizer, Path(checkpoint_dir) / "model.pt")
+                save_full_model(model, optimizer, Path(checkpoint_dir) / "model.pt")
             checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
             if master_process:
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
@@ -182,7 +171,6 @@ def train(args, rank, world_size, master_process, device):
             ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch:  # practice: Ray restarts the group from this checkpoint
             crash_one_worker(rank, world_size)
-
 
 
 def shard_model(model, args, device) -> None:
@@ -200,17 +188,14 @@ def shard_model(model, args, device) -> None:
             fully_shard(module, mesh=mesh, reshard_after_forward=args.reshard_after_forward,
                         **policies)
     if args.mixed_precision:  # fp32 logits out of the root, so the loss is computed in fp32
-        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                     reduce_dtype=torch.float32,
-                                                     output_dtype=torch.float32)
+        policies["mp_policy"] = replace(policies["mp_policy"], output_dtype=torch.float32)
     # The root's weights are the first needed in backward: keep them gathered after forward.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, **policies)
 
 
 def load_initial_weights(model, args, device) -> None:
-    """The weights DDP starts from (same seed), built once on rank 0 and sent to the other ranks
-    one tensor at a time; each rank keeps only its slices. Rank 0 holds the full model only while
-    this runs."""
+    """The weights DDP starts from (same seed), built on rank 0 alone and sent to the others one
+    tensor at a time; each rank keeps only its slices."""
     model.to_empty(device="cpu" if args.cpu_offload else device)  # allocates this rank's shards
     weights = {}
     if dist.get_rank() == 0:
@@ -220,22 +205,9 @@ def load_initial_weights(model, args, device) -> None:
                                                                   broadcast_from_rank0=True))
 
 
-def save_model_for_inference(model, optimizer, path: Path) -> None:
-    """The whole model, for build_model() on one device. Training is over and saved: its state
-    goes first, so that rank 0 holds its shard and one full copy, not the training state as well."""
-    optimizer.zero_grad(set_to_none=True)
-    optimizer.state.clear()
-    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in RAM).
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full_weights = get_model_state_dict(model, options=options)
-    if dist.get_rank() == 0:
-        torch.save(full_weights, path)
-
-
 class AppState(Stateful):
     """All that torch.distributed.checkpoint saves: this rank's slices of model and optimizer
-    state, keyed by parameter name (so they load at any world size), and the scheduler, epoch and
-    history."""
+    state, by parameter name (they load at any world size), the scheduler, epoch and history."""
 
     def __init__(self, model, optimizer, scheduler, epoch=-1, history=()):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler

@@ -5,9 +5,9 @@ then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
     python benchmarks/device_run.py --dry-run                                       # anywhere, on CPU (CI runs it)
 
 On the GPU, with synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), each on one
-process: step 01 alone and under torchrun, Ray DDP, FSDP2 alone, with --mixed-precision and with --cpu-offload, then
-step 06 with one GPU actor on step 01's checkpoint. Step 03 (FSDP1) is listed as skipped: it refuses one worker, and
-one GPU holds one worker. Every training run has --epochs epochs of --steps-per-epoch steps; images/s is the mean of
+process: step 01 alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode (step 03 refuses one Ray worker:
+prepare_model would not wrap its model; local mode wraps it by hand), FSDP2 alone, with --mixed-precision and with
+--cpu-offload, then step 06 with one GPU actor on step 01's checkpoint. Every training run has --epochs epochs of --steps-per-epoch steps; images/s is the mean of
 the epochs after the first (the warm-up), and launch to first step and peak GPU memory are measured as
 compare_steps.py measures them (whose functions start each run and read its JSON line).
 
@@ -52,8 +52,9 @@ GLOBAL_BATCH = 128  # the steps' default, as in the published CPU tables
 CPU_EVAL_IMAGES = 128  # evaluation on the CPUs takes longer than the few training steps measured
 # Ray runs give up at their first failure: a restart would spend the budget on a run already lost.
 NO_RETRY = ["--max-failures", "0"]
-FSDP1_ONE_WORKER = ("step 03 refuses --num-workers 1 (prepare_model would not wrap one worker's model) and one GPU "
-                    "holds one worker")
+# Step 03 on one GPU: in local mode, FullyShardedDataParallel by hand over one process (prepare_model leaves a world
+# of one unwrapped, and step 03 refuses one Ray worker for that reason).
+FSDP1_ONE_GPU = ["--num-workers", "0"]
 TINY = dict(model="tiny", epochs=2, steps_per_epoch=1, cpu_steps_per_epoch=1, batch_size=32, eval_images=32)
 KILL_GRACE_S = 10  # after its limit, a run gets SIGTERM, and SIGKILL this much later
 MIN_RUN_S = 20  # a run is not started with less of the budget left
@@ -138,7 +139,7 @@ def plan_gpu_runs(args, checkpoints: Path) -> list:
                 checkpoint_dir=str(checkpoints / "single_machine")),
             Run("ddp", "steps", "ddp", 1, evaluation),
             Run("ray_ddp", "steps", "ray_ddp", 1, NO_RETRY + evaluation),
-            Run("ray_fsdp", "steps", "ray_fsdp", 1, NO_RETRY + evaluation, skipped=FSDP1_ONE_WORKER),
+            Run("ray_fsdp", "steps", "ray_fsdp", 1, NO_RETRY + evaluation + FSDP1_ONE_GPU),
             Run("ray_fsdp2", "steps", "ray_fsdp2", 1, NO_RETRY + evaluation),
             Run("ray_fsdp2_mixed_precision", "steps", "ray_fsdp2", 1, NO_RETRY + evaluation + ["--mixed-precision"]),
             Run("ray_fsdp2_cpu_offload", "steps", "ray_fsdp2", 1, NO_RETRY + evaluation + ["--cpu-offload"]),

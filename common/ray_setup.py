@@ -87,7 +87,8 @@ def init_options(address: str) -> dict:
 
 # The job's runtime_env beyond the code it ships (ray.init's runtime_env in every Ray step): prints from workers
 # reach the console at once, and every process of the job runs setup_worker first.
-WORKER_SETUP = {"env_vars": {"PYTHONUNBUFFERED": "1"},
+DRIVER = "WORKSHOP_RAY_DRIVER"  # the driver's node address and process id, for progress_bar
+WORKER_SETUP = {"env_vars": {"PYTHONUNBUFFERED": "1", DRIVER: f"{ray.util.get_node_ip_address()} {os.getpid()}"},
                 "worker_process_setup_hook": "common.worker_setup.setup_worker"}
 
 
@@ -99,6 +100,13 @@ def progress_bar(batches, total: int, desc: str, show: bool):
         yield from batches
         return
     bar = tqdm_ray.tqdm(total=total, desc=desc)
+    if DRIVER in os.environ:  # Ray's driver draws it as its own bar: one per run and epoch, whatever draws it
+        # The driver keys a bar by the process that sends it: a worker that dies mid-epoch would leave its bar
+        # drawn, and redrawn under every line to the end of the run. Keyed by run and epoch instead, the bar of
+        # the restarted worker group takes its place.
+        ip, pid = os.environ[DRIVER].split()
+        bar._ip, bar._pid = ip, int(pid)
+        bar._uuid = f"{ray.train.get_context().get_experiment_name()} {desc}"
     for batch in batches:
         yield batch
         bar.update(1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from .data import normalize
@@ -146,6 +147,18 @@ def crash_one_rank(epoch: int, checkpoint_path: Path) -> None:
     if rank == world_size - 1:
         sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch); "
                  f"rerun with --resume to continue from {checkpoint_path}")
+
+
+def save_full_model(model, optimizer, path: Path) -> None:
+    """A sharded model (FSDP2) whole, for build_model() on one device (step 06). Training is over and saved: its
+    state goes first, so that rank 0 holds its shard and one full copy, not the training state as well."""
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.state.clear()
+    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in RAM).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full_weights = get_model_state_dict(model, options=options)
+    if dist.get_rank() == 0:
+        torch.save(full_weights, path)
 
 
 def save_checkpoint(path: Path, state: dict) -> None:

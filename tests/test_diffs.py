@@ -25,7 +25,7 @@ DESIGNED_PAIRS = [
       "+            mlflow.log_artifact(str(Path(folder) / \"model.pt\"))"]),
     ("02-ray-train-ddp/train_ray_ddp.py", "03-ray-train-fsdp/train_ray_fsdp.py", 60,
      ['+            model, parallel_strategy="fsdp",']),
-    ("02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py", 152,
+    ("02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py", 124,
      ["+    shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it",
       "+            model.set_requires_gradient_sync(last_micro_batch)"]),
 ]
