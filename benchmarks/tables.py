@@ -442,6 +442,7 @@ def rehearsal_table(results: dict) -> list:
         seconds = sum(c["seconds"] for c in commands)
         failed = [c for c in commands if not c["ok"]]
         lines.append(f"| {number}: {title} | {what} | {slot:g} min | {seconds:.0f} s"
+                     + (", over its slot" if seconds > 60 * slot else "")
                      + (f", {len(failed)} failed" if failed else "") + " |")
     before, after = results["load_average_before"], results["load_average_after"]
     return lines + ["", f"Rehearsed on {results['machine']}; {results['started_utc']}, commit {results['commit']}, "

@@ -5,6 +5,9 @@ in the deck's order, timed against its slot.
     python slides/rehearse.py --data-dir DIR --out /tmp/rehearsal        # real CIFAR-10, as the room runs it
     python slides/rehearse.py --list                                     # the commands and their slots, no run
 
+--out gets results.json and results.md only; the runs' checkpoints, outputs and logs go to --work (default: a
+new temporary folder, kept, its path printed).
+
 A command's slot is the minutes of the slide it is run on (the "~N min" of that slide's presenter notes, read from
 slides/workshop.md at each run); the commands of one slide share it. REHEARSAL below lists the commands as the deck
 shows them; tests/test_rehearsal.py fails when the core shows a command that is not listed here, when a listed
@@ -18,7 +21,7 @@ load average before and after is recorded: on a shared machine it says how many 
 
 Writes OUT/results.json (the machine as benchmarks/compare_steps.py describes it, the date, the commit, the load
 averages, and per command: its slide, slot, the command, what ran, the seconds it took, its exit code and the last
-lines it printed), OUT/results.md (the same as a table) and OUT/logs/NN.log (each command's whole output).
+lines it printed), OUT/results.md (the same as a table) and WORK/logs/NN.log (each command's whole output).
 """
 import argparse
 import json
@@ -27,6 +30,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -188,7 +192,8 @@ def rehearse(out: Path, data_dir: str | None, only: list | None = None) -> list:
         seconds = time.monotonic() - start
         (out / "logs" / f"{i:02d}.log").write_text(f"$ {shlex.join(words)}\n{done.stdout}")
         ok = done.returncode == 0 or (words[0] == "diff" and done.returncode == 1)  # diff: 1 means they differ
-        timed.append(Timed(slide.number, title, slide.minutes, command, shlex.join(words), round(seconds, 1),
+        ran = shlex.join(words).replace(str(out), "WORK").replace(data_dir or "WORK", "DIR")  # no machine's paths
+        timed.append(Timed(slide.number, title, slide.minutes, command, ran, round(seconds, 1),
                            done.returncode, ok, last_lines(done.stdout)))
         print(f"    {seconds:.1f} s, exit code {done.returncode}", flush=True)
     return timed
@@ -222,6 +227,8 @@ def main():
     parser.add_argument("--data-dir", help="a folder holding CIFAR-10's cifar10_train.npz and cifar10_test.npz "
                                            "(default: synthetic data)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "rehearsal")
+    parser.add_argument("--work", type=Path, help="the runs' checkpoints, outputs and logs (default: a temporary "
+                                                  "folder)")
     parser.add_argument("--only", type=int, nargs="+", help="run only these commands (numbers from --list)")
     parser.add_argument("--note", default="", help="a line for results.md, such as who else used the machine")
     parser.add_argument("--list", action="store_true", help="print the commands and their slots, run nothing")
@@ -237,7 +244,10 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     before, started = [round(x, 2) for x in os.getloadavg()], datetime.now(timezone.utc)
-    timed = rehearse(args.out, args.data_dir, args.only)
+    work = args.work or Path(tempfile.mkdtemp(prefix="rehearsal-"))
+    print(f"checkpoints, outputs and logs: {work}", flush=True)
+    timed = rehearse(work, args.data_dir, args.only)
+    args.out.mkdir(parents=True, exist_ok=True)
     results = dict(machine=machine(), date=started.strftime("%Y-%m-%d"),
                    started_utc=started.strftime("%Y-%m-%d %H:%M UTC"), commit=commit,
                    data="CIFAR-10" if args.data_dir else "synthetic data",
