@@ -170,7 +170,7 @@ class Timed:
     last_lines: list
 
 
-def last_lines(text: str, n: int = 30) -> list:
+def last_lines(text: str, n: int = 50) -> list:
     """The last lines a command printed, progress bars dropped (tqdm redraws with carriage returns)."""
     lines = [line.split("\r")[-1].rstrip() for line in text.splitlines()]
     return [line for line in lines if line.strip() and "it/s]" not in line and "s/it]" not in line][-n:]
