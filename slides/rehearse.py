@@ -167,6 +167,7 @@ class Timed:
     seconds: float
     returncode: int
     ok: bool
+    load_average_at_start: float  # the 1-minute load average as the command started
     last_lines: list
 
 
@@ -187,14 +188,14 @@ def rehearse(out: Path, data_dir: str | None, only: list | None = None) -> list:
         slide = slides.get(title) or Slide(0, title, 0, "")  # a title the deck lost: tests/test_rehearsal.py says
         words = as_run(command, out, data_dir)
         print(f"[{i}/{len(REHEARSAL)}] slide {slide.number} ({slide.minutes:g} min): {command}", flush=True)
-        start = time.monotonic()
+        load, start = round(os.getloadavg()[0], 2), time.monotonic()
         done = subprocess.run(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seconds = time.monotonic() - start
         (out / "logs" / f"{i:02d}.log").write_text(f"$ {shlex.join(words)}\n{done.stdout}")
         ok = done.returncode == 0 or (words[0] == "diff" and done.returncode == 1)  # diff: 1 means they differ
         ran = shlex.join(words).replace(str(out), "WORK").replace(data_dir or "WORK", "DIR")  # no machine's paths
         timed.append(Timed(slide.number, title, slide.minutes, command, ran, round(seconds, 1),
-                           done.returncode, ok, last_lines(done.stdout)))
+                           done.returncode, ok, load, last_lines(done.stdout)))
         print(f"    {seconds:.1f} s, exit code {done.returncode}", flush=True)
     return timed
 
@@ -205,10 +206,11 @@ def results_markdown(results: dict) -> str:
              f"{results['data']}.", "",
              f"Load average (1, 5, 15 min) before: {results['load_average_before']}, after: "
              f"{results['load_average_after']}; {results['note']}", "",
-             "| slide | command | slot | measured |", "|---|---|---|---|"]
+             "| slide | command | slot | measured | load average at its start |", "|---|---|---|---|---|"]
     for c in results["commands"]:
         lines.append(f"| {c['slide']} {c['title']} | `{c['command']}` | {c['slot_min']:g} min | "
-                     f"{c['seconds']:.1f} s{'' if c['ok'] else ', exit code ' + str(c['returncode'])} |")
+                     f"{c['seconds']:.1f} s{'' if c['ok'] else ', exit code ' + str(c['returncode'])} | "
+                     f"{c['load_average_at_start']} |")
     lines += ["", "Made by `python slides/rehearse.py` (its docstring says what it adds to each command).", ""]
     for c in results["commands"]:
         if c["last_lines"] and not c["command"].startswith("diff"):
@@ -216,10 +218,11 @@ def results_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine() -> tuple:
+    """The machine and the code, as benchmarks/compare_steps.py records them for its runs."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from compare_steps import describe_machine
-    return describe_machine()
+    from compare_steps import describe_commit, describe_machine
+    return describe_machine(), describe_commit()
 
 
 def main():
@@ -241,17 +244,18 @@ def main():
         return
     if args.data_dir and not (Path(args.data_dir) / "cifar10_train.npz").is_file():
         raise SystemExit(f"error: --data-dir {args.data_dir} holds no cifar10_train.npz")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    described, commit = machine()  # at the start: the code that runs
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     before, started = [round(x, 2) for x in os.getloadavg()], datetime.now(timezone.utc)
     work = args.work or Path(tempfile.mkdtemp(prefix="rehearsal-"))
     print(f"checkpoints, outputs and logs: {work}", flush=True)
     timed = rehearse(work, args.data_dir, args.only)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = dict(machine=machine(), date=started.strftime("%Y-%m-%d"),
+    results = dict(machine=described, date=started.strftime("%Y-%m-%d"),
                    started_utc=started.strftime("%Y-%m-%d %H:%M UTC"), commit=commit,
                    data="CIFAR-10" if args.data_dir else "synthetic data",
-                   load_average_before=before, load_average_after=[round(x, 2) for x in os.getloadavg()],
+                   uptime_before=uptime, load_average_before=before,
+                   load_average_after=[round(x, 2) for x in os.getloadavg()],
                    note=args.note, commands=[asdict(t) for t in timed])
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "results.md").write_text(results_markdown(results))
