@@ -13,7 +13,7 @@ import ray.train
 
 from common import ray_setup
 from common.ray_setup import run_name
-from conftest import RAY_DDP, RAY_FSDP2, best_epoch, load_script
+from conftest import RAY_DDP, RAY_FSDP2, SMOKE, best_epoch, forbid_ray, load_script
 
 RAY_STEPS = [RAY_DDP, "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", "03-ray-train-fsdp/train_ray_fsdp.py",
              RAY_FSDP2]
@@ -174,3 +174,11 @@ def test_resume_continues_the_newest_run_whatever_order_the_folders_were_written
                                          r"checkpoint, not tiny"):
         run_name("ray_ddp", argparse.Namespace(resume=True, checkpoint_dir=str(tmp_path), model="tiny", epochs=2))
     assert run_name("ray_fsdp2", argparse.Namespace(**dict(vars(args), model="tiny"))) == "ray_fsdp2-20270101-000000"
+
+
+def test_resume_with_no_run_or_from_a_uri_is_a_one_line_error_before_ray_starts(tmp_path, main_error, monkeypatch):
+    forbid_ray(monkeypatch, "for a --resume with nothing to resume")
+    assert main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume") == (
+        f"error: --resume but no ray_ddp run in {tmp_path}; run without --resume to start fresh")
+    assert main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", "s3://bucket/runs", "--resume") == (
+        "error: --resume finds the last run in a local or mounted --checkpoint-dir, not s3://bucket/runs")

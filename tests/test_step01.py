@@ -98,6 +98,12 @@ def test_resume_from_another_preset_is_a_one_line_error(single_run, main_error):
     assert "holds a --model tiny checkpoint, not small; pass --model tiny or another --checkpoint-dir" in error
 
 
+def test_resume_of_a_run_that_has_trained_all_its_epochs_is_a_one_line_error(single_run, main_error):
+    error = main_error(SINGLE, *SMOKE, "--checkpoint-dir", str(single_run[1]), "--resume")
+    assert error == (f"error: {single_run[1] / 'checkpoint.pt'} has already trained 2 of --epochs 2; pass a larger "
+                     f"--epochs to train on, or another --checkpoint-dir")
+
+
 def test_missing_checkpoint_is_a_one_line_error(tmp_path, main_error):
     error = main_error(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
     assert error.startswith(f"error: --resume but no checkpoint at {tmp_path}")

@@ -3,6 +3,7 @@ local mode."""
 import pytest
 import ray
 import ray.train
+import torch
 
 from common import build_model
 from conftest import (ACCUMULATE, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary, checkpoint_weights,
@@ -91,6 +92,17 @@ def test_local_mode_trains_in_this_process_without_ray(main_summary, monkeypatch
     assert summary["step"] == "ray_ddp" and summary["world_size"] == 1 and len(summary["history"]) == 2
     assert summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
     assert "best checkpoint" not in stdout and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flag, gpu, machine", [("--use-gpu", False, "no"), ("--no-gpu", True, "the")])
+def test_local_mode_against_the_machines_gpu_is_a_one_line_error(flag, gpu, machine, main_error, monkeypatch, tmp_path):
+    """Local mode trains on this machine's GPU if it has one: --use-gpu without one, or --no-gpu with one, is refused
+    before any work, not silently ignored."""
+    forbid_ray(monkeypatch, "in local mode")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    error = main_error(RAY_DDP, *SMOKE, "--num-workers", "0", flag, "--checkpoint-dir", str(tmp_path))
+    assert error == f"error: --num-workers 0 (local mode) trains on {machine} GPU of this machine; drop --use-gpu " \
+                    f"and --no-gpu"
 
 
 def test_local_mode_under_torchrun_trains_as_torchrun_ddp_does(ddp_run, tmp_path):

@@ -78,6 +78,19 @@ def history_as_logged(history: list[dict]) -> dict:
     return {key: [(h["epoch"], h[key]) for h in history] for key in history[0] if key != "epoch"}
 
 
+def test_a_tracking_uri_that_is_a_folder_or_cannot_be_written_is_one_line_before_any_work(run_main, tmp_path):
+    """MLflow 3.17 refuses a folder (its file store); a SQLite store whose folder cannot be made would fail in a
+    worker, where Ray would count a failure and retry."""
+    (tmp_path / "a-file").write_text("")
+    unwritable = tmp_path / "a-file" / "runs"
+    for uri, problem in ((str(tmp_path), f"{tmp_path} is a folder; pass sqlite:///{tmp_path}/mlflow.db, or the "
+                                         f"http://HOST:PORT of an MLflow server"),
+                         (f"sqlite:///{unwritable}/mlflow.db", f"{unwritable} cannot be created or written; pass a "
+                                                               f"writable folder")):
+        assert run_main(VARIANT, *SMOKE, "--tracking-uri", uri, "--checkpoint-dir", str(tmp_path)) == (
+            2, [f"error: argument --tracking-uri: {problem}"])
+
+
 def test_a_restart_logs_only_the_epochs_the_tracker_lacks(store):
     """The windows around a crash, without Ray: the restarted rank 0 finds the same run by its tag, logs the epochs
     of the restored history that the tracker lacks (the crash came after a checkpoint, before its log), and skips
