@@ -74,8 +74,10 @@ def parsed_flags(*argv) -> dict:
 
 
 def history_as_logged(history: list[dict]) -> dict:
-    """A run's history (its final JSON's) as the tracker must hold it: each metric at step=epoch, once."""
-    return {key: [(h["epoch"], h[key]) for h in history] for key in history[0] if key != "epoch"}
+    """A run's history (its final JSON's) as the tracker must hold it: each metric at step=epoch, once, in the epochs
+    that have it (the first epoch alone holds the start-up phases: common/meter.py)."""
+    keys = {key for h in history for key in h} - {"epoch"}
+    return {key: [(h["epoch"], h[key]) for h in history if key in h] for key in keys}
 
 
 def test_a_tracking_uri_that_is_a_folder_or_cannot_be_written_is_one_line_before_any_work(run_main, tmp_path):
