@@ -14,7 +14,7 @@ from labs.harness import ROOT
 @dataclass
 class Lab:
     file: str  # under labs/, and under labs/solutions/
-    checks: str  # the module whose run(path) checks it
+    checks: str  # the module whose run(path), or run(path, address) for a Ray lab, checks it
     task: str
     ray: bool = False  # whether the check runs Ray (on --address)
 

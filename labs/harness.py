@@ -32,10 +32,6 @@ class Outcome:
         return self.failure is None
 
 
-def outcome(check: str, failure: str | None, hint: str) -> Outcome:
-    return Outcome(check, failure, hint)
-
-
 def crashed(checks: list[str], error: str) -> list[Outcome]:
     """Every check failed, because the lab's run did not get to the end."""
     return [Outcome(check, f"the run did not finish: {error}", "fix the error shown above first")
@@ -95,8 +91,20 @@ def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RA
 
 
 def run_ranks(entry: str, lab_file, world_size: int, timeout: float = RANK_TIMEOUT_S) -> list:
+    return run_groups(lab_file, [(entry, world_size)], timeout)[0]
+
+
+def run_groups(lab_file, groups: list[tuple[str, int]], timeout: float = RANK_TIMEOUT_S) -> list[list]:
+    """Process groups, each of (entry, world size), started at once (their start-up overlaps), each rank calling
+    entry on the lab file: every group's ranks' return values."""
     with tempfile.TemporaryDirectory() as folder:
-        return results(start_ranks(entry, lab_file, world_size, Path(folder)), Path(folder), timeout)
+        folders = [Path(folder, str(i)) for i in range(len(groups))]
+        started = []
+        for (entry, size), group_folder in zip(groups, folders, strict=True):
+            group_folder.mkdir()
+            started.append(start_ranks(entry, lab_file, size, group_folder))
+        return [results(processes, group_folder, timeout)
+                for processes, group_folder in zip(started, folders, strict=True)]
 
 
 def free_port() -> int:

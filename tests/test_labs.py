@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
 from common import build_model
+from labs.check import LABS
 
 from conftest import RAY_DDP, RAY_FSDP2, ROOT, load_script
 
@@ -57,8 +58,6 @@ CHECK_TIMEOUT_S = 280  # within pytest-timeout's 300 s per test
 
 def check(request, lab: str, *flags: str) -> subprocess.CompletedProcess:
     """python -m labs.check LAB; a Ray lab's on the shared test cluster, which is started once for every Ray test."""
-    from labs.check import LABS
-
     if LABS[lab].ray:
         flags = (*flags, "--address", request.getfixturevalue("ray_cluster"))
     return subprocess.run([sys.executable, "-m", "labs.check", lab, *flags], cwd=ROOT, capture_output=True,
@@ -74,12 +73,10 @@ def shows(line: str, failure) -> bool:
 
 
 def lab_file(lab: str, folder: str = "labs"):
-    from labs.check import LABS
-
     return ROOT / folder / LABS[lab].file
 
 
-@pytest.mark.parametrize("lab", STARTING_FAILURES)
+@pytest.mark.parametrize("lab", LABS)
 def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, lab):
     result = check(request, lab)
     lines = verdicts(result.stdout)
@@ -89,7 +86,7 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, lab):
         assert line.startswith("FAIL") and shows(line, failure), (line, failure)
 
 
-@pytest.mark.parametrize("lab", STARTING_FAILURES)
+@pytest.mark.parametrize("lab", LABS)
 def test_every_check_passes_on_the_solution(request, lab):
     result = check(request, lab, "--file", str(lab_file(lab, "labs/solutions")))
     lines = verdicts(result.stdout)

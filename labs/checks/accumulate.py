@@ -2,7 +2,7 @@
 main() in 1 process. The profiler counts the reduce-scatters each rank issued (labs.checks.fully_shard.watch)."""
 from common import TRANSFORMER_BLOCK, build_model
 from labs.checks.fully_shard import LOSS_TOLERANCE, watch
-from labs.harness import RunFailed, crashed, lab_args, outcome, run_ranks
+from labs.harness import Outcome, RunFailed, crashed, lab_args, run_groups
 
 ACCUMULATE = ["--grad-accum-steps", "2"]
 ONE_REDUCE_SCATTER = ("one reduce-scatter per unit per optimizer step, not per micro-batch, training what 1 process "
@@ -11,8 +11,7 @@ ONE_REDUCE_SCATTER = ("one reduce-scatter per unit per optimizer step, not per m
 
 def run(lab_file) -> list:
     try:
-        alone = run_ranks(f"{__name__}:watched_main", lab_file, 1)[0]
-        pair = run_ranks(f"{__name__}:watched_main", lab_file, 2)
+        [alone], pair = run_groups(lab_file, [(f"{__name__}:watched_main", 1), (f"{__name__}:watched_main", 2)])
     except RunFailed as error:
         return crashed([ONE_REDUCE_SCATTER], str(error))
     return [one_reduce_scatter(alone, pair[0])]
@@ -38,4 +37,4 @@ def one_reduce_scatter(alone: dict, watched: dict):
         hint = "the last micro-batch's reduce-scatter must carry the sum of every micro-batch's gradients"
     else:
         failure, hint = None, ""
-    return outcome(ONE_REDUCE_SCATTER, failure, hint)
+    return Outcome(ONE_REDUCE_SCATTER, failure, hint)

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from common import augment_batch, build_model, evaluate
-from labs.harness import RunFailed, crashed, lab_args, load_lab, outcome, run_ranks
+from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups
 
 SAME_TRAINING = "2 processes form one group and train what 1 process trains (weights and loss)"
 NEW_SHARDS = "each epoch, the ranks train disjoint shards of the data, in a new order"
@@ -16,11 +16,10 @@ LOSS_TOLERANCE = 1e-4
 
 def run(lab_file) -> list:
     try:
-        alone = run_ranks(f"{__name__}:watched_main", lab_file, 1)
-        pair = run_ranks(f"{__name__}:watched_main", lab_file, 2)
+        [alone], pair = run_groups(lab_file, [(f"{__name__}:watched_main", 1), (f"{__name__}:watched_main", 2)])
     except RunFailed as error:
         return crashed([SAME_TRAINING, NEW_SHARDS, GLOBAL_ACCURACY], str(error))
-    return [same_training(alone[0], pair), new_shards(pair), global_accuracy(pair)]
+    return [same_training(alone, pair), new_shards(pair), global_accuracy(pair)]
 
 
 def watched_main(lab_file) -> dict:
@@ -61,7 +60,7 @@ def same_training(alone: dict, pair: list[dict]):
         failure = differing_losses(alone["history"], pair[0]["history"])
         hint = ("2 ranks of 16 images must train what 1 process does with batches of 32: each rank its own half of "
                 "every batch, and the loss reported as the mean over every rank's images")
-    return outcome(SAME_TRAINING, failure, hint)
+    return Outcome(SAME_TRAINING, failure, hint)
 
 
 def differing_losses(alone: list[dict], pair: list[dict]) -> str | None:
@@ -79,13 +78,13 @@ def new_shards(pair: list[dict]):
     for epoch, (rank0, rank1) in enumerate(zip(*seen, strict=True)):
         if set(rank0) & set(rank1):
             shared = len(set(rank0) & set(rank1))
-            return outcome(NEW_SHARDS, f"in epoch {epoch + 1}, rank 0 and rank 1 both trained {shared} of the same "
+            return Outcome(NEW_SHARDS, f"in epoch {epoch + 1}, rank 0 and rank 1 both trained {shared} of the same "
                                        "images", "a sampler that knows the rank and the world size gives each rank "
                                                  "its own shard of the data")
     if any(epoch == rank[0] for rank in seen for epoch in rank[1:]):
-        return outcome(NEW_SHARDS, "every epoch repeated epoch 1's order",
+        return Outcome(NEW_SHARDS, "every epoch repeated epoch 1's order",
                        "a distributed sampler shuffles with its seed plus the epoch: it only knows the epoch if told")
-    return outcome(NEW_SHARDS, None, "")
+    return Outcome(NEW_SHARDS, None, "")
 
 
 def global_accuracy(pair: list[dict]):
@@ -97,5 +96,5 @@ def global_accuracy(pair: list[dict]):
     if abs(reported - correct / counted) > 1e-9:
         failure = (f"rank 0 reported {reported:.2%} (its own {own_counted} test images give "
                    f"{own_correct / own_counted:.2%}); all {counted} images give {correct / counted:.2%}")
-    return outcome(GLOBAL_ACCURACY, failure, "each rank scores only its shard of the test set: add up every rank's "
+    return Outcome(GLOBAL_ACCURACY, failure, "each rank scores only its shard of the test set: add up every rank's "
                                              "[correct, counted] before dividing")

@@ -6,7 +6,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from common import TRANSFORMER_BLOCK, build_model
-from labs.harness import RunFailed, crashed, lab_args, load_lab, outcome, run_ranks
+from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups
 
 HALF_EACH = "the 2 ranks hold the model once between them, about half each (a shard of every parameter)"
 SAME_LOSS = "2 sharded ranks train what 1 unsharded process trains (the loss of every step)"
@@ -17,8 +17,7 @@ LOSS_TOLERANCE = 1e-4
 
 def run(lab_file) -> list:
     try:
-        alone = run_ranks(f"{__name__}:unsharded_main", lab_file, 1)[0]
-        pair = run_ranks(f"{__name__}:watched_main", lab_file, 2)
+        [alone], pair = run_groups(lab_file, [(f"{__name__}:unsharded_main", 1), (f"{__name__}:watched_main", 2)])
     except RunFailed as error:
         return crashed([HALF_EACH, SAME_LOSS, ALL_GATHERS], str(error))
     return [half_each(pair), same_loss(alone, pair[0]), all_gathers(pair[0])]
@@ -62,7 +61,7 @@ def half_each(pair: list[dict]):
     if held[0]["whole"] or sum(h["local"] for h in held) != total:
         failure = (f"rank 0 holds {held[0]['local']:,} of the {total:,} parameter values ({held[0]['whole']:,} of "
                    f"them whole, not sharded), rank 1 {held[1]['local']:,}")
-    return outcome(HALF_EACH, failure, "fully_shard splits over the mesh every parameter of the module it is given "
+    return Outcome(HALF_EACH, failure, "fully_shard splits over the mesh every parameter of the module it is given "
                                        "that no sharded submodule already holds; a module never given to it stays "
                                        "whole on every rank")
 
@@ -70,10 +69,10 @@ def half_each(pair: list[dict]):
 def same_loss(alone: dict, watched: dict):
     for step, (one, two) in enumerate(zip(alone["losses"], watched["losses"], strict=True)):
         if abs(one - two) > LOSS_TOLERANCE:
-            return outcome(SAME_LOSS, f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's {one:.5f}",
+            return Outcome(SAME_LOSS, f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's {one:.5f}",
                            "a sharded parameter's gradient is reduce-scattered over the ranks in backward; a whole "
                            "one only learns from its own rank's images")
-    return outcome(SAME_LOSS, None, "")
+    return Outcome(SAME_LOSS, None, "")
 
 
 def all_gathers(watched: dict):
@@ -83,5 +82,5 @@ def all_gathers(watched: dict):
     failure = None
     if per_step != expected:
         failure = f"{per_step:g} all-gathers per step; {blocks} blocks and the root make {expected}"
-    return outcome(ALL_GATHERS, failure, "each fully_shard call makes a unit, gathered in one all-gather just before "
+    return Outcome(ALL_GATHERS, failure, "each fully_shard call makes a unit, gathered in one all-gather just before "
                                          "it runs and freed after, unless told to keep it for backward")

@@ -10,7 +10,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from common.ray_setup import quiet_report_logs
-from labs.harness import lab_args, load_lab, outcome, start_ray
+from labs.harness import Outcome, lab_args, load_lab, start_ray
 
 ENDS = "the run ends, within Ray's collective timeout"
 EQUAL_REPORTS = "every rank calls ray.train.report equally often: once per epoch"
@@ -56,7 +56,7 @@ def counting_reports(train_func, folder):
 
 
 def ends(error: str | None):
-    return outcome(ENDS, error and f"the run hung; Ray's timeout ended it: {error}",
+    return Outcome(ENDS, error and f"the run hung; Ray's timeout ended it: {error}",
                    "ray.train.report is a barrier across the workers: a rank that calls it waits there for every "
                    "other rank")
 
@@ -66,5 +66,5 @@ def equal_reports(reports: list[int]):
     failure = None
     if reports != [epochs, epochs]:
         failure = f"rank 0 called ray.train.report {reports[0]} time(s), rank 1 {reports[1]}, in {epochs} epochs"
-    return outcome(EQUAL_REPORTS, failure, "every rank reports, with a checkpoint or without one; Ray keeps rank "
+    return Outcome(EQUAL_REPORTS, failure, "every rank reports, with a checkpoint or without one; Ray keeps rank "
                                            "0's metrics, and the checkpoint of any rank that attaches one")

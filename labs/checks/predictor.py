@@ -11,7 +11,7 @@ import ray.data
 import torch
 
 from common import build_model, load_data
-from labs.harness import ROOT, lab_args, load_lab, outcome, start_ray
+from labs.harness import Outcome, ROOT, lab_args, load_lab, start_ray
 
 ONCE_PER_ACTOR = "each actor builds the model and loads the weights once, not once per batch"
 SAME_PREDICTIONS = "every image's prediction is the step script's"
@@ -75,7 +75,7 @@ def once_per_actor(builders: list[str]):
     if len(builders) != len(set(builders)) or len(builders) >= BATCHES:
         failure = (f"the model was built {len(builders)} times, in {len(set(builders))} process(es), for "
                    f"{BATCHES} batches")
-    return outcome(ONCE_PER_ACTOR, failure, "map_batches given a class starts a pool of actors and constructs the "
+    return Outcome(ONCE_PER_ACTOR, failure, "map_batches given a class starts a pool of actors and constructs the "
                                             "class once in each; given a function, it runs all of it for every "
                                             "batch")
 
@@ -87,5 +87,5 @@ def same_predictions(rows: list[dict], expected: list[int]):
     elif sorted((row["id"], int(row["predicted"])) for row in rows) != list(enumerate(expected)):
         wrong = sum(int(row["predicted"]) != expected[row["id"]] for row in rows)
         failure = f"{wrong} of {len(expected)} predictions differ from the step script's ({len(rows)} rows out)"
-    return outcome(SAME_PREDICTIONS, failure, "Ray Data returns batches in any order: each output row must keep "
+    return Outcome(SAME_PREDICTIONS, failure, "Ray Data returns batches in any order: each output row must keep "
                                               "its input columns beside what the model adds")

@@ -4,7 +4,7 @@ import tempfile
 from pathlib import Path
 
 from common import load_data
-from labs.harness import crashed, lab_args, load_lab, outcome, start_ray
+from labs.harness import Outcome, crashed, lab_args, load_lab, start_ray
 
 VALIDATION = "every trial trains and is scored on the validation split, not the test set"
 STOPPED = "ASHA stops a trial that scores below the median after its first epoch"
@@ -49,16 +49,16 @@ def validation(splits: list[str]):
     if splits != ["cifar10-val"]:
         failure = f"the trials asked load_data for {splits}" + (" (scored on the test set)" if "cifar10" in splits
                                                                  else "")
-    return outcome(VALIDATION, failure, "a sweep that picks the best test accuracy has fit the test set, which "
+    return Outcome(VALIDATION, failure, "a sweep that picks the best test accuracy has fit the test set, which "
                                         "then measures nothing: tune on the held-out cifar10-val")
 
 
 def stopped(epochs: list[int], max_epochs: int):
     if not any(epochs):
-        return outcome(STOPPED, f"Tune saw no result of any of the {len(epochs)} trials",
+        return Outcome(STOPPED, f"Tune saw no result of any of the {len(epochs)} trials",
                        "Tune sees a Ray Train run's reports only through a callback of the run")
     failure = None
     if all(epoch == max_epochs for epoch in epochs):
         failure = f"all {len(epochs)} trials trained all {max_epochs} epochs"
-    return outcome(STOPPED, failure, "a trial scheduler decides, at each report, whether a trial goes on; without "
+    return Outcome(STOPPED, failure, "a trial scheduler decides, at each report, whether a trial goes on; without "
                                      "one, Tune runs every trial to its end")
