@@ -159,19 +159,23 @@ def path_table(results: dict) -> list:
     rows = [
         ("[01](01-vanilla-pytorch-ddp/README.md)", "`train_single_machine.py`, then `train_ddp.py` under torchrun",
          f"{epoch_minutes(runs.get('single_machine'), cut)} + {epoch_minutes(runs.get('ddp'), cut)}",
-         "the baseline, then everything plain DDP makes you write"),
+         "the baseline, then everything plain DDP makes you write", "[01](labs/README.md#the-labs)"),
         ("[02](02-ray-train-ddp/README.md)", "`train_ray_ddp.py` (and a Ray Data variant)",
-         epoch_minutes(runs.get("ray_ddp"), cut), "what Ray Train takes off your hands, and what it does not"),
+         epoch_minutes(runs.get("ray_ddp"), cut), "what Ray Train takes off your hands, and what it does not",
+         "[02, 02-hang](labs/README.md#the-labs)"),
         ("[03](03-ray-train-fsdp/README.md)", "`train_ray_fsdp.py`", epoch_minutes(runs.get("ray_fsdp"), cut),
-         "sharding with one argument (FSDP1)"),
+         "sharding with one argument (FSDP1)", "(04's)"),
         ("[04](04-ray-train-fsdp2/README.md)", "`train_ray_fsdp2.py`", epoch_minutes(runs.get("ray_fsdp2"), cut),
-         "FSDP2 by hand: `fully_shard`, mixed precision, offload, sharded checkpoints"),
+         "FSDP2 by hand: `fully_shard`, mixed precision, offload, sharded checkpoints",
+         "[04, 04-accumulate](labs/README.md#the-labs)"),
         ("[05](05-ray-tune/README.md)", "`tune_ray_ddp.py`", epoch_minutes(runs.get("ray_tune"), cut),
-         "Ray Tune over step 02's loop, the Train V2 way"),
+         "Ray Tune over step 02's loop, the Train V2 way", "[05](labs/README.md#the-labs)"),
         ("[06](06-ray-data-inference/README.md)", "`batch_inference.py`",
-         epoch_minutes(runs.get("inference_2_actors"), cut), "use the model: batch inference with Ray Data"),
+         epoch_minutes(runs.get("inference_2_actors"), cut), "use the model: batch inference with Ray Data",
+         "[06](labs/README.md#the-labs)"),
     ]
-    lines = ["| step | what you run | minutes, as below | the lesson |", "|---|---|---|---|"]
+    # lab: the exercises of labs/README.md that check the step's lesson (step 03's sharding is lab 04's)
+    lines = ["| step | what you run | minutes, as below | the lesson | lab |", "|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
     how = (f" The benchmark cut each training epoch to {cut} steps; the rest of the epoch is added at the run's "
            f"measured images/s." if cut else "")
