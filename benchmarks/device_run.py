@@ -7,9 +7,10 @@ then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
 On the GPU, with synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), each on one
 process: step 01 alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode (step 03 refuses one Ray worker:
 prepare_model would not wrap its model; local mode wraps it by hand), FSDP2 alone, with --mixed-precision and with
---cpu-offload, then step 06 with one GPU actor on step 01's checkpoint. Every training run has --epochs epochs of --steps-per-epoch steps; images/s is the mean of
-the epochs after the first (the warm-up), and launch to first step and peak GPU memory are measured as
-compare_steps.py measures them (whose functions start each run and read its JSON line).
+--cpu-offload, then step 06 with one GPU actor on step 01's checkpoint. Every training run has --epochs epochs of
+--steps-per-epoch steps; images/s is the mean of the epochs after the first (the warm-up), and launch to first step
+and peak GPU memory are measured as compare_steps.py measures them (whose functions start each run and read its JSON
+line).
 
 On the CPUs, the GPU hidden, torchrun DDP and Ray DDP side by side with each of --processes processes, each process
 with --threads-per-process threads (OMP_NUM_THREADS, which torchrun and Ray leave as they find it), and the
