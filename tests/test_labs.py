@@ -94,6 +94,18 @@ def test_every_check_passes_on_the_solution(request, lab):
     assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
 
 
+def test_lab01_tells_a_missing_set_epoch_and_ddp_wrap_apart(request, tmp_path):
+    """The untouched file fails before these checks get to them: the solution without the two lines does."""
+    solution = lab_file("01", "labs/solutions").read_text()
+    for line in ("        sampler.set_epoch(epoch)\n", "    model = DistributedDataParallel(model)\n"):
+        assert line in solution
+        solution = solution.replace(line, "")
+    (tmp_path / "lab.py").write_text(solution)
+    lines = verdicts(check(request, "01", "--file", str(tmp_path / "lab.py")).stdout)
+    assert "rank 0 and rank 1 ended with different weights" in lines[0]
+    assert "every epoch repeated epoch 1's order" in lines[1] and lines[2].startswith("PASS")
+
+
 @pytest.mark.parametrize("lab", STEP_SCRIPTS)
 def test_what_a_solution_adds_is_the_step_scripts_code(lab):
     added = statements(lab_file(lab, "labs/solutions")) - statements(lab_file(lab))
