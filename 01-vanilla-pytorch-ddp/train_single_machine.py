@@ -107,7 +107,8 @@ def train(args, rank, world_size, master_process, device):
         if epoch + 1 == args.fail_at_epoch:  # practice: a crash, then a rerun with --resume
             crash_one_rank(epoch, checkpoint_path)
 
-    if master_process:
+    if master_process:  # the next run here without --resume writes over it
+        print(f"checkpoint: {checkpoint_path}")
         print_run_summary(summary, args.launched)  # memory per rank, then JSON
 
 

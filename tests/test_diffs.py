@@ -11,7 +11,7 @@ DESIGNED_PAIRS = [
     ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 59,
      ["+    model = DistributedDataParallel(model)  # on a GPU: the device set_device chose",
       "+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():"]),
-    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 113,
+    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 114,
      ["+        ray.init(address=args.address, **init_options(args.address),",
       "+    model = ray.train.torch.prepare_model(model)",
       "+    train_loader = ray.train.torch.prepare_data_loader(train_loader)",

@@ -15,14 +15,16 @@ def test_single_machine_trains_and_reports(single_run):
     assert_sane_summary(summary, "single_machine", world_size=1)
     assert f"model tiny: {count_params(build_model('tiny')):,} parameters | data: synthetic" in result.stdout
     assert sum(line.startswith("epoch ") and "| 1 process |" in line for line in result.stdout.splitlines()) == 2
+    assert f"checkpoint: {checkpoint_dir / 'checkpoint.pt'}\n" in result.stdout  # where it wrote
     model = build_model("tiny")
     model.load_state_dict(checkpoint_weights(checkpoint_dir))  # the checkpoint loads into a plain model
     assert summary["params"] == sum(p.numel() for p in model.parameters())
 
 
 def test_ddp_trains_and_reports_once(ddp_run):
-    summary, _, result = ddp_run
+    summary, checkpoint_dir, result = ddp_run
     assert_sane_summary(summary, "ddp", world_size=2)
+    assert result.stdout.count(f"checkpoint: {checkpoint_dir / 'checkpoint.pt'}\n") == 1  # where it wrote, once
     # Rank 0 alone prints: one header, one line per epoch, one JSON line.
     assert result.stdout.count("parameters | data:") == 1
     assert sum(line.startswith("epoch ") and "| 2 processes |" in line for line in result.stdout.splitlines()) == 2
