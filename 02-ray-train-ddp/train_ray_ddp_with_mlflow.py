@@ -24,6 +24,7 @@ from common import build_model, count_params, load_data, make_parser
 from common import augment_batch, evaluate, make_optimizer, make_scheduler
 from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
 from common import load_checkpoint, save_checkpoint
+from common.errors import first_process
 from common.meter import RunMeter, print_run_summary
 from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
 from common.ray_setup import crash_one_worker, print_best, progress_bar, run_folder, run_name
@@ -55,8 +56,9 @@ def main():
                                                checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
     print_best(result)  # the run's folder, and the best of the checkpoints it kept
-    print(f"tracked: MLflow run {name} (experiment {STEP}); to see it: "
-          f"mlflow ui --backend-store-uri {args.tracking_uri}")
+    if first_process():  # local mode under torchrun: every process runs all of main()
+        print(f"tracked: MLflow run {name} (experiment {STEP}); to see it: "
+              f"mlflow ui --backend-store-uri {args.tracking_uri} --port 5001")
     print_run_summary(result.metrics["summary"], args.launched)  # memory per rank, then JSON
 
 

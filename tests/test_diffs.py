@@ -18,7 +18,7 @@ DESIGNED_PAIRS = [
       "+            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)"]),
     ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", 74,
      ["+        datasets={\"train\": train_dataset(data, args.seed)},"]),
-    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_mlflow.py", 41,
+    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_mlflow.py", 43,
      ["+        tracked = find_or_create_run(STEP, ray.train.get_context().get_experiment_name())",
       "+        mlflow.start_run(run_id=tracked.info.run_id)",
       "+            mlflow.log_metrics(metrics, step=h[\"epoch\"])  # one transaction: the whole epoch or none",
