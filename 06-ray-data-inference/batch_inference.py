@@ -109,6 +109,7 @@ def main():
     # through reading, the actors and Parquet.
     predictions.write_parquet(str((out / "predictions").resolve()), mode="overwrite")
     seconds = time.perf_counter() - start
+    ray.shutdown()  # no more Ray output: the JSON below stays the last line
     if not any((out / "predictions").glob("*.parquet")):  # only possible with --images
         raise fail(f"none of the {len(files)} files in --images {args.images} is an image "
                    f"Pillow can read; pass a folder of PNG or JPEG files")

@@ -2,6 +2,7 @@
 the first optimizer step, images per second, memory per rank, the --profile-steps profiler, and the summary that
 a run prints as its last line (benchmarks/compare_steps.py reads it)."""
 import json
+import sys
 import time
 
 from .errors import first_process
@@ -60,9 +61,13 @@ class RunMeter:
 
 
 def print_run_summary(summary: dict, launched: float) -> None:
-    """The end of a run: the memory each rank held, then the summary as one JSON line, the run's last. From the
-    first process only: in Ray Train's local mode under torchrun, every process runs all of main()."""
+    """The end of a run: the memory each rank held, then the summary as one JSON line, the run's last (Ray, if
+    this process started or joined one, is shut down first). From the first process only: in Ray Train's local mode
+    under torchrun, every process runs all of main()."""
     if not first_process():
         return
+    wall_time_s = time.time() - launched
+    if "ray" in sys.modules:  # Ray's threads print its workers' and raylets' lines whenever they come: none after
+        sys.modules["ray"].shutdown()
     print(memory_table(summary["memory_per_rank"]))
-    print(json.dumps(dict(summary, wall_time_s=time.time() - launched)))
+    print(json.dumps(dict(summary, wall_time_s=wall_time_s)))

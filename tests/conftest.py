@@ -103,11 +103,14 @@ def run_main(capsys, monkeypatch):
 def main_summary(capsys, monkeypatch):
     """Runs a script's main() in this process, as its command line would, to the end: its JSON summary (the last
     line of stdout) and its stdout. For checks that need no new interpreter, or that look inside this process."""
+    import ray
+
     def main_summary(script, *flags):
         monkeypatch.setattr(sys, "argv", [script, *flags])
         # What a run may change in its process, restored after: the environment (local mode sets torchrun's),
         # print (Ray's tqdm_ray patches it), and the thread count, 1 as in the subprocesses (the same rounding).
         monkeypatch.setattr(builtins, "print", builtins.print)
+        monkeypatch.setattr(ray, "shutdown", lambda: None)  # the summary's shutdown: of ray_driver's, the suite's
         environment, threads = dict(os.environ), torch.get_num_threads()
         torch.set_num_threads(1)
         try:

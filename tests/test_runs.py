@@ -2,6 +2,7 @@
 and which run --resume continues when the checkpoint folder holds several (every Ray step: ray_setup.run_name)."""
 import argparse
 import builtins
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import ray.train
 
 from common import ray_setup
 from common.ray_setup import run_name
-from conftest import RAY_DDP, RAY_FSDP2, SMOKE, best_epoch, forbid_ray, load_script
+from conftest import RAY_DDP, RAY_FSDP2, ROOT, SMOKE, best_epoch, forbid_ray, load_script
 
 RAY_STEPS = [RAY_DDP, "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", "03-ray-train-fsdp/train_ray_fsdp.py",
              RAY_FSDP2]
@@ -151,6 +152,20 @@ def test_every_process_of_a_ray_steps_job_asks_its_own_cluster_not_the_newest_on
     own, seen, threads = result.stdout.split()[-3:]
     assert seen == own and own.endswith(ray_cluster.rpartition(":")[2]), result.stderr[-2000:]
     assert threads == "1"
+
+
+def test_the_summary_stays_the_last_line_when_ray_prints_later(ray_cluster):
+    """Ray's driver prints its workers' lines, and its raylets' warnings, whenever they arrive: a raylet's "N
+    PYTHON worker processes have been started" once came after a step's JSON summary, which the benchmarks read as
+    the run's last line. A task that prints 1 s after the summary: nothing of it may follow."""
+    summary = dict(memory_per_rank=[dict(params_mb=1, grads_mb=1, optimizer_mb=2, peak_mb=9)], step="late")
+    driver = ("import time, ray\nfrom common.meter import print_run_summary\n"
+              f"ray.init(address={ray_cluster!r}, logging_level='ERROR')\n"
+              "@ray.remote(num_cpus=0)\ndef late():\n    time.sleep(1)\n    print('late line', flush=True)\n"
+              "ray.get(ray.remote(num_cpus=0)(lambda: None).remote())\n"  # a worker ready, whose prints reach us
+              f"task = late.remote()\nprint_run_summary({summary!r}, time.time())\ntime.sleep(6)\n")
+    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert json.loads(result.stdout.splitlines()[-1])["step"] == "late", result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def make_run(folder: Path, preset: str = "tiny", epoch: int = 1) -> Path:
