@@ -103,14 +103,11 @@ def run_main(capsys, monkeypatch):
 def main_summary(capsys, monkeypatch):
     """Runs a script's main() in this process, as its command line would, to the end: its JSON summary (the last
     line of stdout) and its stdout. For checks that need no new interpreter, or that look inside this process."""
-    import ray
-
     def main_summary(script, *flags):
         monkeypatch.setattr(sys, "argv", [script, *flags])
         # What a run may change in its process, restored after: the environment (local mode sets torchrun's),
         # print (Ray's tqdm_ray patches it), and the thread count, 1 as in the subprocesses (the same rounding).
         monkeypatch.setattr(builtins, "print", builtins.print)
-        monkeypatch.setattr(ray, "shutdown", lambda: None)  # the summary's shutdown: of ray_driver's, the suite's
         environment, threads = dict(os.environ), torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -201,7 +198,10 @@ def ray_driver(ray_cluster):
     # As the Ray scripts do (init_options): every report waits for the Train controller's poll, 2 s by default.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
     ray.init(address=ray_cluster, logging_level="ERROR")
+    # A script's main() run in this process ends with ray.shutdown (print_run_summary): not of the suite's driver.
+    shutdown, ray.shutdown = ray.shutdown, lambda: None
     yield ray_cluster
+    ray.shutdown = shutdown
     ray.shutdown()
 
 
