@@ -50,15 +50,13 @@ SWEEP_SEED = "0"
 @pytest.fixture(scope="module")
 @time_limit(960)  # its sweep's 900 s, and reading the results
 def finished_sweep(ray_cluster, tmp_path_factory):
-    """3 trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. Each trial's last worker
-    crashes once after epoch 1, which Ray Train restarts within the trial. ASHA compares trials at epoch 2 and stops
-    trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have given their CPUs back
-    (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here). No crash comes after an
-    epoch where ASHA may stop a trial: a restart racing the stop would make a worker group the sweep cannot free."""
+    """3 trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. ASHA compares trials at
+    epoch 2 and stops trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have
+    given their CPUs back (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here).
+    No worker crashes here: a restart within a trial is proved once, by the interrupted sweep below."""
     tmp_path = tmp_path_factory.mktemp("tune")
     result = sweep(ray_cluster, tmp_path, "--num-workers", "2", "--epochs", "3", "--num-samples", "3",
-                   "--grace-period", "2", "--fail-at-epoch", "1", "--max-failures", "1", "--seed", SWEEP_SEED,
-                   "--profile-steps", "1",
+                   "--grace-period", "2", "--seed", SWEEP_SEED, "--profile-steps", "1",
                    timeout=900)  # 515 s for this fixture (cluster included) with the 2 cores 9x oversubscribed
     return final_json(result), tmp_path, result
 
@@ -109,13 +107,6 @@ def test_asha_stopped_a_trial_behind_at_epoch_2_and_the_next_trial_got_its_cpus(
     assert trials[2]["epochs_run"] >= 2  # the trial after it trained, on the CPUs the stopped one held
 
 
-def test_a_crashed_worker_restarts_within_its_trial(finished_sweep):
-    """FailureConfig in every trial's Ray Train run: each trial went on from epoch 1's checkpoint after its crash."""
-    report, _, result = finished_sweep
-    assert result.stdout.count("resumed from") >= len(report["trials"])  # every trial crashed once
-    assert all([h["epoch"] for h in t["history"]][:2] == [1, 2] for t in report["trials"])
-
-
 def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(finished_sweep):
     report, tmp_path, result = finished_sweep
     table = (tmp_path / "out" / "results.md").read_text()
@@ -131,27 +122,26 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert report["train_command"] in result.stdout
 
 
-@pytest.mark.timeout(900)
-def test_a_sweep_stopped_by_a_failed_trial_then_by_an_interruption_resumes_each_time(ray_cluster, tmp_path):
-    """A trial out of restarts ends the sweep with a one-line error; --resume continues the trial from its
-    checkpoint. Interrupted after its second epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a test run in the
-    background may ignore SIGINT), the sweep says so in one line; --resume again finishes the trial from a
-    checkpoint the interrupted run wrote, and the table still counts the epochs trained before each stop."""
+@pytest.mark.timeout(600)
+def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_resumes(ray_cluster, tmp_path):
+    """FailureConfig in the trial's Ray Train run: its worker crashes after epoch 1 and the group goes on from epoch
+    1's checkpoint, within the trial. Interrupted after its second epoch (SIGUSR1, which Tune handles as it does
+    Ctrl-C; a test run in the background may ignore SIGINT), the sweep says so in one line; --resume finishes the
+    trial from a checkpoint the interrupted run wrote, and the table still counts the epochs trained before."""
     flags = [*SMOKE, "--epochs", "4", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
-             "--fail-at-epoch", "1", "--max-failures", "0", "--address", ray_cluster,
+             "--fail-at-epoch", "1", "--max-failures", "1", "--address", ray_cluster,
              "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
-    crashed = python(TUNE, *flags, timeout=300)
-    assert crashed.returncode != 0 and "1 trial(s) failed" in crashed.stderr
-    assert "run the same command with --resume" in crashed.stderr
-
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags, "--resume"], cwd=ROOT, env=env,
-                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags], cwd=ROOT, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    before = []
     for line in interrupted.stdout:
+        before.append(line)
         if "epoch 2/4, validation accuracy" in line:
             interrupted.send_signal(signal.SIGUSR1)
             break
     _, stderr = interrupted.communicate(timeout=120)
+    assert re.search(r"resumed from \S+ after epoch 1\b", "".join(before)), "".join(before)[-3000:] + stderr[-3000:]
     assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in stderr
 
     resumed = python(TUNE, *flags, "--resume", timeout=300)
@@ -160,6 +150,38 @@ def test_a_sweep_stopped_by_a_failed_trial_then_by_an_interruption_resumes_each_
     # while Tune was stopping.
     assert re.search(r"resumed from \S+ after epoch [23]\b", resumed.stdout)
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3, 4]
+
+
+def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(ray_driver, monkeypatch,
+                                                                                     tmp_path, capsys):
+    """The sweep's main(), in this process on the test cluster, its trial a stand-in for step 02's run that reports
+    epoch 1 and then fails as a run out of restarts does: the sweep ends with one line that says to --resume, and
+    --resume runs the failed trial again (resume_errored: Tune would leave it failed), which this time finishes."""
+    def trial(config):
+        import ray.tune
+
+        failed_once = Path(config["checkpoint_dir"], "failed once")
+        epochs = [dict(epoch=epoch, test_accuracy=0.3) for epoch in range(1, config["epochs"] + 1)]
+        for epoch in epochs if failed_once.exists() else epochs[:1]:
+            ray.tune.report(dict(epoch, summary=dict(history=epochs[:epoch["epoch"]])))
+        if not failed_once.exists():
+            failed_once.touch()
+            raise RuntimeError("the trial's worker group failed with no restart left")
+
+    tune_script = load_script(TUNE)
+    monkeypatch.setattr(tune_script, "run_trial", trial)
+    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is the test cluster's driver already
+    flags = [TUNE, *SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", ray_driver,
+             "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", flags)
+    with pytest.raises(SystemExit) as failed:
+        tune_script.main()
+    assert str(failed.value.code).startswith("error: 1 trial(s) failed (see above); run the same command with --resume")
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", [*flags, "--resume"])
+    tune_script.main()
+    [resumed] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["trials"]
+    assert resumed["error"] is None and [h["epoch"] for h in resumed["history"]] == [1, 2]
 
 
 def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
