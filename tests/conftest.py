@@ -3,9 +3,11 @@ import builtins
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -245,6 +247,42 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
     assert crashed.returncode != 0, crashed.stderr[-3000:]
     result = ray_script(RAY_FSDP2, ray_cluster, storage, *ACCUMULATE, *PROFILE, "--resume")
     return final_json(result), storage, result
+
+
+def registered_epoch(storage: Path) -> int:
+    """The epoch of the newest checkpoint that Ray Train's controller has registered, from its snapshot in the run
+    folder: a restarted group resumes from there. A checkpoint reported but not registered yet (the controller polls
+    the workers) would be lost with a worker that dies, and its epoch trained again."""
+    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
+        try:
+            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+        except (OSError, ValueError, KeyError):  # being written
+            return 0
+        return latest["metrics"]["epoch"] if latest else 0
+    return 0
+
+
+def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> tuple[subprocess.CompletedProcess, int]:
+    """A Ray step on 2 workers (cmd, whose run folder goes in storage), one of whose workers is killed with kill -9
+    in epoch 2, the way a real crash comes: as soon as Ray has registered epoch 1's checkpoint, which a restart resumes
+    from (give the run enough --steps-per-epoch for that to be mid-epoch). Returns the run once it has ended, and the
+    killed process id."""
+    out, err = (logs / "stdout").open("w+"), (logs / "stderr").open("w+")
+    run = start(cmd, out, err)
+    try:
+        deadline = time.time() + timeout
+        while registered_epoch(storage) < 1:
+            assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
+            time.sleep(0.2)
+        workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
+        victim = int(workers.stdout.split()[-1])
+        os.kill(victim, signal.SIGKILL)
+        run.wait(timeout=max(deadline - time.time(), 1))
+    finally:
+        run.kill()
+        out.close(), err.close()
+    stdout, stderr = ((logs / stream).read_text() for stream in ("stdout", "stderr"))
+    return subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr), victim
 
 
 def ray_script(script, address, storage, *args, **kwargs):

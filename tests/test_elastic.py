@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, latest_ray_checkpoint,
-                      checkpoint_weights)
+from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights,
+                      latest_ray_checkpoint, registered_epoch)
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides 5-35 s after
 # the node returns (Ray's autoscaling coordinator looks every 20 s); then 2 again to the end. Short epochs (3 steps,
@@ -108,19 +108,6 @@ def wait_for(condition, what: str, process, output, timeout=240):
             raise AssertionError(f"waited for {what}; the run {'ended' if process.poll() is not None else 'is slow'}"
                                  f"\n{output.text()[-6000:]}")
         time.sleep(0.2)
-
-
-def registered_epoch(storage: Path) -> int:
-    """The epoch of the newest checkpoint that Ray Train's controller has registered, from its snapshot in the run
-    folder: a restarted group resumes from there. A checkpoint reported but not registered yet (the controller polls
-    the workers) would be lost with the node, and its epoch trained again."""
-    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
-        try:
-            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
-        except (OSError, ValueError, KeyError):  # being written
-            return 0
-        return latest["metrics"]["epoch"] if latest else 0
-    return 0
 
 
 @pytest.mark.timeout(600)

@@ -163,7 +163,7 @@ def test_the_summary_stays_the_last_line_when_ray_prints_later(ray_cluster):
               f"ray.init(address={ray_cluster!r}, logging_level='ERROR')\n"
               "@ray.remote(num_cpus=0)\ndef late():\n    time.sleep(1)\n    print('late line', flush=True)\n"
               "ray.get(ray.remote(num_cpus=0)(lambda: None).remote())\n"  # a worker ready, whose prints reach us
-              f"task = late.remote()\nprint_run_summary({summary!r}, time.time())\ntime.sleep(6)\n")
+              f"task = late.remote()\nprint_run_summary({summary!r}, time.time())\ntime.sleep(4)\n")
     result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert json.loads(result.stdout.splitlines()[-1])["step"] == "late", result.stdout[-2000:] + result.stderr[-2000:]
 

@@ -2,6 +2,7 @@
 worker-group restart and --resume, every epoch logged once with the values of the run's history, the flags as
 parameters, the final model as an artifact; and MLflow's UI showing the run (benchmarks/tracking_ui.py)."""
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -10,13 +11,13 @@ import torch
 from suite_rules import time_limit
 
 from common import build_model
-from conftest import (SMOKE, assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, load_script,
-                      parse_only, python, ray_script)
+from conftest import (ROOT, SMOKE, assert_same_weights, checkpoint_weights, final_json, kill_a_worker_in_epoch_2,
+                      latest_ray_checkpoint, load_script, parse_only, python, ray_script)
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
-# As the step 02 smoke run (conftest's ray_run): the last worker crashes after epoch 1, Ray restarts the group.
-CRASH = ["--fail-at-epoch", "1", "--max-failures", "1"]
+# Epochs long enough for a worker to be killed in the middle of one (SMOKE's 6 steps last a fraction of a second).
+LONGER_EPOCHS = [*SMOKE, "--steps-per-epoch", "40"]
 RUN_TIMEOUT = 480  # s, for one Ray run: importing mlflow in the driver and the workers, on a busy 2-core machine
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -30,15 +31,16 @@ def store(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 @time_limit(RUN_TIMEOUT + 60)
 def tracked_run(ray_cluster, store, tmp_path_factory):
-    """One tracked run on the test cluster, with the crash and restart of the step 02 smoke run, and what the
-    store held of it right after (the resume test adds to the store)."""
-    storage = tmp_path_factory.mktemp("ray_ddp_mlflow")
-    argv = [*CRASH, "--tracking-uri", store]
-    result = ray_script(VARIANT, ray_cluster, storage, *argv, timeout=RUN_TIMEOUT)
-    flags = parsed_flags(*SMOKE, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
-                         *argv)  # what ray_script passed
-    return dict(summary=final_json(result), stdout=result.stdout, storage=storage, flags=flags,
-                ray_run=ray_run_name(storage), tracker=tracker_runs(store))
+    """One tracked run on the test cluster, a worker of which is killed (kill -9) early in epoch 2: Ray restarts the
+    group from epoch 1's checkpoint. With what the store held of it right after (the resume test adds to the store),
+    and its console."""
+    storage, logs = tmp_path_factory.mktemp("ray_ddp_mlflow"), tmp_path_factory.mktemp("console")
+    argv = [*LONGER_EPOCHS, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
+            "--tracking-uri", store]
+    result, victim = kill_a_worker_in_epoch_2([sys.executable, str(ROOT / VARIANT), *argv], storage, logs,
+                                              timeout=RUN_TIMEOUT)
+    return dict(summary=final_json(result), stdout=result.stdout, stderr=result.stderr, victim=victim,
+                storage=storage, flags=parsed_flags(*argv), ray_run=ray_run_name(storage), tracker=tracker_runs(store))
 
 
 def ray_run_name(storage: Path) -> str:
@@ -138,9 +140,22 @@ def test_one_tracker_run_across_a_worker_group_restart(tracked_run):
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
     assert run["metrics"] == history_as_logged(summary["history"])
     assert run["params"] == tracked_run["flags"]
-    assert run["params"]["fail_at_epoch"] == "1" and run["params"]["model"] == "tiny"
+    assert run["params"]["steps_per_epoch"] == "40" and run["params"]["model"] == "tiny"
     build_model("tiny").load_state_dict(run["model"])
     assert_same_weights(run["model"], checkpoint_weights(latest_ray_checkpoint(tracked_run["storage"])))
+
+
+def test_a_worker_killed_mid_epoch_is_told_in_a_few_lines_and_the_run_ends_with_its_result(tracked_run):
+    """Step 02's README: a real crash comes mid-epoch, try kill -9 on a ray::RayTrainWorker. Here in the tracked
+    variant's run (step 02's, with MLflow's lines added): the console names what died (Ray's one line), that the run
+    resumed after epoch 1, and no traceback; one bar, no copy of the dead worker's; and the run's last line is still
+    its JSON result."""
+    stdout, console = tracked_run["stdout"], tracked_run["stdout"] + tracked_run["stderr"]
+    assert f"Worker PID: {tracked_run['victim']}" in console  # Ray says what died
+    assert "resumed from" in stdout and "after epoch 1" in stdout
+    assert "Traceback" not in console and "(pid=" not in console
+    assert stdout.count("epoch 2/2 |") == 1
+    assert [h["epoch"] for h in tracked_run["summary"]["history"]] == [1, 2]
 
 
 @pytest.mark.timeout(600)
@@ -149,8 +164,8 @@ def test_resume_continues_the_same_tracker_run(tracked_run, ray_cluster, store):
     ones stay as they were, the parameters stay the first launch's (MLflow refuses to change one), and the model
     artifact becomes the resumed run's final model."""
     before = tracked_run["tracker"][0]
-    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], "--tracking-uri", store, "--resume",
-                        "--epochs", "3", timeout=RUN_TIMEOUT)
+    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], *LONGER_EPOCHS[len(SMOKE):], "--tracking-uri",
+                        store, "--resume", "--epochs", "3", timeout=RUN_TIMEOUT)
     summary = final_json(result)
     (run,) = tracker_runs(store)
     assert run["id"] == before["id"] and run["status"] == "FINISHED"
