@@ -267,20 +267,19 @@ def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> 
     in epoch 2, the way a real crash comes: as soon as Ray has registered epoch 1's checkpoint, which a restart resumes
     from (give the run enough --steps-per-epoch for that to be mid-epoch). Returns the run once it has ended, and the
     killed process id."""
-    out, err = (logs / "stdout").open("w+"), (logs / "stderr").open("w+")
-    run = start(cmd, out, err)
-    try:
-        deadline = time.time() + timeout
-        while registered_epoch(storage) < 1:
-            assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
-            time.sleep(0.2)
-        workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
-        victim = int(workers.stdout.split()[-1])
-        os.kill(victim, signal.SIGKILL)
-        run.wait(timeout=max(deadline - time.time(), 1))
-    finally:
-        run.kill()
-        out.close(), err.close()
+    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
+        run = start(cmd, out, err)
+        try:
+            deadline = time.time() + timeout
+            while registered_epoch(storage) < 1:
+                assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
+                time.sleep(0.2)
+            workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
+            victim = int(workers.stdout.split()[-1])
+            os.kill(victim, signal.SIGKILL)
+            run.wait(timeout=max(deadline - time.time(), 1))
+        finally:
+            run.kill()
     stdout, stderr = ((logs / stream).read_text() for stream in ("stdout", "stderr"))
     return subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr), victim
 

@@ -17,7 +17,7 @@ from conftest import (ROOT, SMOKE, assert_same_weights, checkpoint_weights, fina
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
 # Epochs long enough for a worker to be killed in the middle of one (SMOKE's 6 steps last a fraction of a second).
-LONGER_EPOCHS = [*SMOKE, "--steps-per-epoch", "40"]
+LONGER_EPOCHS = ["--steps-per-epoch", "40"]
 RUN_TIMEOUT = 480  # s, for one Ray run: importing mlflow in the driver and the workers, on a busy 2-core machine
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -35,7 +35,7 @@ def tracked_run(ray_cluster, store, tmp_path_factory):
     group from epoch 1's checkpoint. With what the store held of it right after (the resume test adds to the store),
     and its console."""
     storage, logs = tmp_path_factory.mktemp("ray_ddp_mlflow"), tmp_path_factory.mktemp("console")
-    argv = [*LONGER_EPOCHS, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
+    argv = [*SMOKE, *LONGER_EPOCHS, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
             "--tracking-uri", store]
     result, victim = kill_a_worker_in_epoch_2([sys.executable, str(ROOT / VARIANT), *argv], storage, logs,
                                               timeout=RUN_TIMEOUT)
@@ -164,7 +164,7 @@ def test_resume_continues_the_same_tracker_run(tracked_run, ray_cluster, store):
     ones stay as they were, the parameters stay the first launch's (MLflow refuses to change one), and the model
     artifact becomes the resumed run's final model."""
     before = tracked_run["tracker"][0]
-    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], *LONGER_EPOCHS[len(SMOKE):], "--tracking-uri",
+    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], *LONGER_EPOCHS, "--tracking-uri",
                         store, "--resume", "--epochs", "3", timeout=RUN_TIMEOUT)
     summary = final_json(result)
     (run,) = tracker_runs(store)
