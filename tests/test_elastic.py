@@ -17,16 +17,19 @@ import torch
 from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights,
                       latest_ray_checkpoint, registered_epoch)
 
-# Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides 5-35 s after
-# the node returns (Ray's autoscaling coordinator looks every 20 s); then 2 again to the end. Short epochs (3 steps,
+# Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides a few seconds
+# after the node returns (RESIZE_CHECK_INTERVAL_S and TICK_S below); then 2 again to the end. Short epochs (3 steps,
 # evaluated on 128 images), paced by the controller's poll: a worker's report waits for the poll that takes the one
-# before, so one epoch per poll at most, on a fast machine as on a loaded one: 3 or 4 epochs on 1 worker at most after
+# before, so one epoch per poll at most, on a fast machine as on a loaded one: 2 or 3 epochs on 1 worker at most after
 # the node returns, and the run cannot end before the group grows back.
-EPOCHS = 7
-POLL_S = 10
+EPOCHS = 8
+POLL_S = 3
 TRAINING = [*SMOKE, "--epochs", str(EPOCHS), "--steps-per-epoch", "3", "--eval-images", "128"]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"  # the same training on one process, fixed
-RESIZE_CHECK_INTERVAL_S = 5  # Ray's default is 60 s: the group would grow back a minute after the node returns
+RESIZE_CHECK_INTERVAL_S = 1  # Ray's default is 60 s: the group would grow back a minute after the node returns
+# Ray Data's autoscaling coordinator, which tells Ray Train's elastic policy what the cluster holds, looks every 20 s
+# (_AutoscalingCoordinatorActor.TICK_INTERVAL_S, a class constant): the test cluster starts its own, quicker.
+TICK_S = 1
 EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ \| (\d+) process")
 TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours, and the cursor moves of Ray's progress bars
 # The cluster, in a process of its own: Ray's Cluster.add_node works in a main thread only, and Cluster.shutdown
@@ -34,12 +37,25 @@ TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours, and the cursor
 # removes a worker node at each line on its stdin, and answers each with "done".
 CLUSTER = """
 import sys
+
+import ray
 from ray.cluster_utils import Cluster
+from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import _AutoscalingCoordinatorActor
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+class QuickCoordinator(_AutoscalingCoordinatorActor):
+    TICK_INTERVAL_S = TICK_S
 
 node = dict(num_cpus=1, object_store_memory=100 * 2**20)
 cluster = Cluster(initialize_head=True, head_node_args=dict(node, num_cpus=0, include_dashboard=False))
 workers = [cluster.add_node(**node) for _ in range(2)]
 cluster.wait_for_nodes()
+# Ray Train's elastic policy creates this actor if it does not exist, under this name, on the driver's node (the head).
+ray.init(address=cluster.address, logging_level="ERROR")
+head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+coordinator = ray.remote(num_cpus=0, max_restarts=-1)(QuickCoordinator).options(
+    name="AutoscalingCoordinator", namespace="AutoscalingCoordinator", lifetime="detached", scheduling_strategy=head)
+ray.get(coordinator.remote().__ray_ready__.remote())
 print("address", cluster.address, flush=True)
 for command in sys.stdin:
     if command.strip() == "remove":
@@ -56,7 +72,8 @@ class ElasticCluster:
 
     def __init__(self, log: Path):
         self.log = log
-        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER.replace("TICK_S", str(TICK_S))], cwd=ROOT,
+                                        text=True, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=log.open("w"))
         self.address = self.answer("address").split()[1]
 
