@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
 RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
+TUNE = "05-ray-tune/tune_ray_ddp.py"
 TRAINING_STEPS = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
                   "train_ray_fsdp.py", "train_ray_fsdp2.py", "tune_ray_ddp.py")
 # Tiny, fast settings on the synthetic data: 2 epochs of 6 steps. In so few steps the recipe's lr 2e-3 often
@@ -249,6 +250,29 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
     return final_json(result), storage, result
 
 
+# The sweep's seed: its searched flags (and every trial's data order and weights). With it, trial 1 (lr 2.4e-3) ends
+# epoch 2 at 19.9% validation accuracy, behind trial 0's 21.1% (lr 1e-3; 3 images of 256), so ASHA stops it, and
+# trial 2 (lr 5e-4) at 52.0% goes on. Checked by test_asha_stopped_a_trial_behind... (test_step05), which says so if
+# a change of the recipe or of the search space moves it.
+SWEEP_SEED = "0"
+
+
+@pytest.fixture(scope="session")
+@time_limit(960)  # its sweep's 900 s, and reading the results
+def finished_sweep(ray_cluster, tmp_path_factory):
+    """Step 05's sweep that test_step05 checks, and in the full suite the smoke tier's sweep too (test_smoke): 3
+    trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. ASHA compares trials at epoch 2
+    and stops trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have given their
+    CPUs back (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here). No worker
+    crashes here: a restart within a trial is proved once, by test_step05's interrupted sweep."""
+    tmp_path = tmp_path_factory.mktemp("tune")
+    result = python(TUNE, *SMOKE, "--num-workers", "2", "--epochs", "3", "--num-samples", "3", "--grace-period", "2",
+                    "--seed", SWEEP_SEED, "--profile-steps", "1", "--address", ray_cluster,
+                    "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                    timeout=900)  # 515 s for this fixture (cluster included) with the 2 cores 9x oversubscribed
+    return final_json(result), tmp_path, result
+
+
 def registered_epoch(storage: Path) -> int:
     """The epoch of the newest checkpoint that Ray Train's controller has registered, from its snapshot in the run
     folder: a restarted group resumes from there. A checkpoint reported but not registered yet (the controller polls
@@ -275,13 +299,30 @@ def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> 
                 assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
                 time.sleep(0.2)
             workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
-            victim = int(workers.stdout.split()[-1])
+            victim = [pid for pid in map(int, workers.stdout.split()) if pid in descendants(os.getpid())][-1]
             os.kill(victim, signal.SIGKILL)
             run.wait(timeout=max(deadline - time.time(), 1))
         finally:
             run.kill()
     stdout, stderr = ((logs / stream).read_text() for stream in ("stdout", "stderr"))
     return subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr), victim
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes started by this one, and by those, and so on: those of this process's Ray test cluster (its
+    nodes' processes are this one's children), not a Ray job that someone runs beside the suite."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):  # ended while being read
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        found.update(new := children.get(todo.pop(), []))
+        todo += new
+    return found
 
 
 def ray_script(script, address, storage, *args, **kwargs):

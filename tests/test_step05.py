@@ -20,15 +20,7 @@ from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
-from conftest import ROOT, SMOKE, final_json, load_script, parse_only, python
-from suite_rules import time_limit
-
-TUNE = "05-ray-tune/tune_ray_ddp.py"
-
-
-def sweep(address, tmp_path, *flags, **kwargs):
-    return python(TUNE, *SMOKE, "--num-workers", "1", "--address", address, "--checkpoint-dir", str(tmp_path / "runs"),
-                  "--out", str(tmp_path / "out"), *flags, **kwargs)
+from conftest import ROOT, SMOKE, TUNE, final_json, load_script, parse_only, python
 
 
 def tune_results(sweep_dir) -> dict:
@@ -38,27 +30,6 @@ def tune_results(sweep_dir) -> dict:
         results = [json.loads(line) for line in result_file.read_text().splitlines()]
         accuracies[results[0]["trial_id"]] = [r["test_accuracy"] for r in results]
     return accuracies
-
-
-# The sweep's seed: its searched flags (and every trial's data order and weights). With it, trial 1 (lr 2.4e-3) ends
-# epoch 2 at 19.9% validation accuracy, behind trial 0's 21.1% (lr 1e-3; 3 images of 256), so ASHA stops it, and
-# trial 2 (lr 5e-4) at 52.0% goes on. Checked by test_asha_stopped_a_trial_behind..., which says so if a change of
-# the recipe or of the search space moves it.
-SWEEP_SEED = "0"
-
-
-@pytest.fixture(scope="module")
-@time_limit(960)  # its sweep's 900 s, and reading the results
-def finished_sweep(ray_cluster, tmp_path_factory):
-    """3 trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. ASHA compares trials at
-    epoch 2 and stops trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have
-    given their CPUs back (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here).
-    No worker crashes here: a restart within a trial is proved once, by the interrupted sweep below."""
-    tmp_path = tmp_path_factory.mktemp("tune")
-    result = sweep(ray_cluster, tmp_path, "--num-workers", "2", "--epochs", "3", "--num-samples", "3",
-                   "--grace-period", "2", "--seed", SWEEP_SEED, "--profile-steps", "1",
-                   timeout=900)  # 515 s for this fixture (cluster included) with the 2 cores 9x oversubscribed
-    return final_json(result), tmp_path, result
 
 
 def test_each_trial_profiles_into_its_own_run_folder(finished_sweep):
