@@ -2,6 +2,7 @@
 would, and the outcome of one check. Each check module (labs/checks/) holds only what its lab checks."""
 import importlib.util
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The smoke tests' settings, shorter: the tiny preset learns the synthetic images within a few steps.
 LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "4",
              "--batch-size", "32", "--lr", "1e-3", "--eval-images", "256"]
+RENDEZVOUS_PORTS = range(20000, 32768)
 RANK_TIMEOUT_S = 150  # a hang's limit, far above a run's time (about 10 s) on a busy 2-core machine
 
 
@@ -108,9 +110,18 @@ def run_groups(lab_file, groups: list[tuple[str, int]], timeout: float = RANK_TI
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a rendezvous (MASTER_PORT), free now, below the range from which Linux (32768-60999) and macOS
+    (49152-65535) give connections their own port: one from that range is free now but not reserved, and until rank
+    0 listens on it any connection on the machine (another group's gloo pairs, Ray's workers) may be given it
+    (EADDRINUSE). torchrun's default, 29500, is below it too."""
+    for port in random.sample(RENDEZVOUS_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {RENDEZVOUS_PORTS}: free one, or wait for the runs that hold them")
 
 
 def start_ray(address: str, **environment: str) -> None:

@@ -4,7 +4,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ import pytest
 import torch
 # Every fixture's time limit and CI's no-skip rule: hooks, which pytest finds by their names here.
 from suite_rules import pytest_fixture_setup, pytest_runtest_makereport, time_limit  # noqa: F401
+
+from labs.harness import free_port  # torchrun's and the launcher's rendezvous ports, as the labs' checks pick them
 
 ROOT = Path(__file__).resolve().parents[1]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
@@ -329,12 +330,6 @@ def ray_script(script, address, storage, *args, **kwargs):
     """A Ray step on the shared test cluster, 2 workers, smoke settings."""
     return python(script, *SMOKE, "--num-workers", "2", "--address", address, "--checkpoint-dir", str(storage),
                   *args, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def final_json(result) -> dict:

@@ -100,7 +100,7 @@ def test_no_package_index_but_pytorchs_cpu_wheels_is_written_anywhere():
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
             continue  # not text, or deleted in the working tree
         for address in named_indexes(text) - {PYTORCH_CPU}:
-            if urllib.parse.urlsplit(address).hostname.endswith(".invalid"):
+            if (urllib.parse.urlsplit(address).hostname or "").endswith(".invalid"):  # file:///... has none
                 continue  # a name that cannot exist (RFC 2606): the examples of the check's own test, below
             named.setdefault(address, []).append(name)
     assert named == {}

@@ -4,6 +4,7 @@ code for that lesson."""
 import argparse
 import ast
 import re
+import socket
 import subprocess
 import sys
 
@@ -175,3 +176,17 @@ def fsdp_units(shard_model) -> list[tuple[str, bool]]:
     shard_model(model)
     return [(name, module._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None)
             for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+
+
+def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_given(monkeypatch):
+    """A lab's check once failed with EADDRINUSE: its MASTER_PORT, handed out by bind(0), had been given to another
+    connection on the machine before rank 0 listened on it. A port in use is passed over."""
+    from labs import harness
+
+    sample = harness.random.sample
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", harness.free_port()))
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(harness.random, "sample", lambda ports, k: [taken, *sample(ports, k - 1)])
+        port = harness.free_port()
+    assert port != taken and 1024 < taken < 32768 and 1024 < port < 32768
