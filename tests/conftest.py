@@ -300,7 +300,8 @@ def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> 
                 assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
                 time.sleep(0.2)
             workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
-            victim = [pid for pid in map(int, workers.stdout.split()) if pid in descendants(os.getpid())][-1]
+            ours = descendants(os.getpid())
+            victim = [pid for pid in map(int, workers.stdout.split()) if pid in ours][-1]
             os.kill(victim, signal.SIGKILL)
             run.wait(timeout=max(deadline - time.time(), 1))
         finally:

@@ -35,7 +35,7 @@ EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ \| (\d+) process")
 TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours, and the cursor moves of Ray's progress bars
 # The cluster, in a process of its own: Ray's Cluster.add_node works in a main thread only, and Cluster.shutdown
 # resets Ray's globals in its process (those of this one's driver on the session cluster, if it has one). It adds or
-# removes a worker node at each line on its stdin, and answers each with "done".
+# removes a worker node at each line on its stdin, and answers each with "done". Its argument: the coordinator's tick.
 CLUSTER = """
 import sys
 
@@ -45,7 +45,7 @@ from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator impor
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 class QuickCoordinator(_AutoscalingCoordinatorActor):
-    TICK_INTERVAL_S = TICK_S
+    TICK_INTERVAL_S = float(sys.argv[1])
 
 node = dict(num_cpus=1, object_store_memory=100 * 2**20)
 cluster = Cluster(initialize_head=True, head_node_args=dict(node, num_cpus=0, include_dashboard=False))
@@ -73,9 +73,8 @@ class ElasticCluster:
 
     def __init__(self, log: Path):
         self.log = log
-        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER.replace("TICK_S", str(TICK_S))], cwd=ROOT,
-                                        text=True, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=log.open("w"))
+        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER, str(TICK_S)], cwd=ROOT, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
         self.address = self.answer("address").split()[1]
 
     def answer(self, word: str) -> str:
