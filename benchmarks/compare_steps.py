@@ -386,6 +386,14 @@ def steady_images_per_s(summary: dict) -> float:
     return sum(h["images_per_s"] for h in later) / len(later)
 
 
+def evaluation_seconds(run: dict) -> float:
+    """A steps run's wall time per epoch outside training, after its first step: evaluation, the checkpoint, the
+    report and, once, the exit."""
+    s = run["summary"]
+    trained = sum(h["epoch_time_s"] for h in s["history"])
+    return (run["wall_s"] - run["launch_to_first_step_s"] - trained) / s["epochs"]
+
+
 def outcome_line(run: Run) -> str:
     if run.status == "skipped":
         return f"skipped: {run.skipped}"

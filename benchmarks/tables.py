@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_steps import (Run, inference_table, made_by_runs, memory_markdown, recipe_table,  # noqa: E402
-                           steady_images_per_s)
+from compare_steps import (Run, evaluation_seconds, inference_table, made_by_runs, memory_markdown,  # noqa: E402
+                           recipe_table, steady_images_per_s)
 from profile_steps import results_table as profile_table  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
@@ -83,13 +83,13 @@ def leading(names: list) -> list:
 
 
 def epochs_trained(results: dict, summary: dict) -> str:
-    """'1 epoch', or '1 epoch of 60 steps' when the benchmark cut the epochs short."""
-    cut = results.get("steps_per_epoch")
-    return f"{summary['epochs']} epoch" + (f" of {cut} steps" if cut else "")
+    """'1 epoch', or '2 epochs of 60 steps' when the benchmark cut the epochs short."""
+    cut, epochs = results.get("steps_per_epoch"), summary["epochs"]
+    return f"{epochs} epoch{'s' * (epochs != 1)}" + (f" of {cut} steps" if cut else "")
 
 
 def steps_table(results: dict) -> list:
-    """One epoch of every step, the same model, data and global batch."""
+    """Every step side by side: the same model, data, global batch and epochs."""
     first = next(iter(ok_runs(results, "steps").values())).summary
     lines = [f"| run ({first['model']}, {epochs_trained(results, first)}, global batch "
              f"{first['global_batch_size']}) | "
@@ -140,15 +140,17 @@ def recipe(results: dict) -> list:
 
 
 def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
-    """Minutes from launch to the last line. A training run cut to fewer steps than an epoch is completed at its
-    measured images/s: the minutes that one full epoch takes, with start-up and evaluation as measured."""
+    """Minutes from launch to the last line of one epoch. A training run is its start-up, its first epoch and one
+    epoch's evaluation as measured; an epoch cut to fewer steps is completed at the run's steady images/s."""
     if not run or not run.wall_s:
         return "-"
     seconds = run.wall_s
-    if cut_to_steps and run.section == "steps":
+    if run.section == "steps":
         s = run.summary
-        full_steps = TRAIN_SIZES[s["data"]] // s["global_batch_size"]
-        seconds += (full_steps - cut_to_steps) * s["global_batch_size"] / steady_images_per_s(s)
+        seconds = run.launch_to_first_step_s + s["history"][0]["epoch_time_s"] + evaluation_seconds(vars(run))
+        if cut_to_steps:
+            full_steps = TRAIN_SIZES[s["data"]] // s["global_batch_size"]
+            seconds += (full_steps - cut_to_steps) * s["global_batch_size"] / steady_images_per_s(s)
     return f"{math.ceil(seconds / 60)} min"
 
 

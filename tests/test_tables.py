@@ -30,3 +30,18 @@ def test_a_table_not_published_yet_says_so_and_how_to_make_it(monkeypatch):
     missing = tables.PUBLISHED / "not-run-yet" / "results.json"
     monkeypatch.setitem(tables.TABLES, "steps", (missing, tables.TABLES["steps"][1]))
     assert tables.render("steps").startswith("Not measured on today's code yet: `benchmarks/published/not-run-yet/")
+
+
+def test_the_path_tables_minutes_are_one_epoch_whatever_the_epochs_the_benchmark_ran():
+    """A run of 2 epochs, each 60 s of training (at 200 images/s, 12,000 images) and 30 s of evaluation after a 10 s
+    start, costs in README.md's path table what its 1-epoch run does: the start, one epoch, one evaluation, and
+    the rest of the full epoch at the steady images/s."""
+    def run(epochs):
+        history = [dict(epoch_time_s=60.0, images_per_s=200.0)] * epochs
+        summary = dict(epochs=epochs, history=history, data="cifar10", global_batch_size=120)
+        return tables.Run("ray_ddp", "steps", "ray_ddp", 2, status="ok", summary=summary,
+                          launch_to_first_step_s=10.0, wall_s=10.0 + epochs * 90.0)
+    full_epoch = tables.TRAIN_SIZES["cifar10"] // 120 * 120 / 200.0
+    assert tables.evaluation_seconds(vars(run(2))) == 30.0
+    assert tables.epoch_minutes(run(2), cut_to_steps=100) == tables.epoch_minutes(run(1), cut_to_steps=100) == (
+        f"{-int(-(10 + 60 + 30 + full_epoch - 100 * 120 / 200.0) // 60)} min")

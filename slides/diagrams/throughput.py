@@ -41,6 +41,8 @@ ax.set_xlabel("training images/s, steady state (processes in brackets)", fontsiz
 ax.tick_params(axis="x", labelsize=13)
 for side in ("top", "right"):
     ax.spines[side].set_visible(False)
-fig.text(0.01, 0.015, f"{doc['date']}, {doc['machine'].split('; torch')[0]}: `hybrid`, an epoch cut to "
-         f"{doc['steps_per_epoch']} steps, global batch 128".replace("`", ""), fontsize=12, color=INK)
+epochs, cut = runs[0]["summary"]["epochs"], doc["steps_per_epoch"]
+trained = f"{epochs} epochs of {cut} steps" if epochs > 1 else f"an epoch cut to {cut} steps"
+fig.text(0.01, 0.015, f"{doc['date']}, {doc['machine'].split('; torch')[0]}: hybrid, {trained}, global batch 128",
+         fontsize=12, color=INK)
 print(save(fig, "throughput", out_dir_arg()))
