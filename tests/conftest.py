@@ -3,6 +3,7 @@ import builtins
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,16 +91,24 @@ def forbid_ray(monkeypatch, why: str):
     monkeypatch.setattr(ray, "init", no_ray)
 
 
+# A line that Ray's log monitor prints on this process's stderr for another process of the test cluster (a raylet
+# saying its disk is over 95% full, a worker's warning): `(raylet) ...`, `(RayTrainWorker pid=123, ip=...) ...`,
+# its prefix coloured or not. It reaches whichever test runs at the time, and is no line of that test's script.
+OTHER_PROCESS_LINE = re.compile(r"^(\x1b\[[\d;]*m)?\((raylet|autoscaler|[^()]*\bpid=\d+)\b[^()]*\)")
+
+
 @pytest.fixture
 def run_main(capsys, monkeypatch):
     """Runs a script's main() in this process, as its command line would, for errors raised before any work:
     no interpreter to start and no torch or Ray to import again, seconds saved per call. Returns (exit code,
-    stderr lines); a one-line error is a string exit code, which Python prints as the only line on stderr."""
+    stderr lines); a one-line error is a string exit code, which Python prints as the only line on stderr. The
+    lines the test cluster's other processes print here meanwhile are left out."""
     def run_main(script, *flags):
         monkeypatch.setattr(sys, "argv", [script, *flags])
         with pytest.raises(SystemExit) as exit_info:
             load_script(script).main()
-        return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+        stderr = capsys.readouterr().err.strip().splitlines()
+        return exit_info.value.code, [line for line in stderr if not OTHER_PROCESS_LINE.match(line)]
     return run_main
 
 

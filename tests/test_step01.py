@@ -1,4 +1,6 @@
 """Step 01: the single-machine baseline and hand-written DDP under torchrun (gloo, CPU)."""
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -104,6 +106,26 @@ def test_resume_of_a_run_that_has_trained_all_its_epochs_is_a_one_line_error(sin
     error = main_error(SINGLE, *SMOKE, "--checkpoint-dir", str(single_run[1]), "--resume")
     assert error == (f"error: {single_run[1] / 'checkpoint.pt'} has already trained 2 of --epochs 2; pass a larger "
                      f"--epochs to train on, or another --checkpoint-dir")
+
+
+def test_a_one_line_error_is_told_apart_from_the_test_clusters_lines_printed_meanwhile(main_error, monkeypatch):
+    """The test cluster's raylets and workers print on this process's stderr whenever they have something to say (a
+    disk over 95% full failed the test above once): main_error leaves their lines out, and still fails on a second
+    line of the script's own."""
+    import conftest
+
+    def script_main(*lines):
+        def main():
+            print(*lines, sep="\n", file=sys.stderr)
+            raise SystemExit("error: the one line")
+        return SimpleNamespace(main=main)
+    ray_lines = ["\x1b[33m(raylet)\x1b[0m [2026-11-26 23:59:59,000 E 1 1] file_system_monitor.cc:116: /tmp/ray is "
+                 "over 95% full", "(RayTrainWorker pid=4242, ip=192.0.2.3) a warning of Ray's"]
+    monkeypatch.setattr(conftest, "load_script", lambda script: script_main(*ray_lines))
+    assert main_error(SINGLE) == "error: the one line"
+    monkeypatch.setattr(conftest, "load_script", lambda script: script_main(*ray_lines, "a line of the script's"))
+    with pytest.raises(AssertionError):
+        main_error(SINGLE)
 
 
 def test_missing_checkpoint_is_a_one_line_error(tmp_path, main_error):
