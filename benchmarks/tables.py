@@ -144,13 +144,13 @@ def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
     epoch's evaluation as measured; an epoch cut to fewer steps is completed at the run's steady images/s."""
     if not run or not run.wall_s:
         return "-"
-    seconds = run.wall_s
-    if run.section == "steps":
-        s = run.summary
-        seconds = run.launch_to_first_step_s + s["history"][0]["epoch_time_s"] + evaluation_seconds(vars(run))
-        if cut_to_steps:
-            full_steps = TRAIN_SIZES[s["data"]] // s["global_batch_size"]
-            seconds += (full_steps - cut_to_steps) * s["global_batch_size"] / steady_images_per_s(s)
+    if run.section != "steps":
+        return f"{math.ceil(run.wall_s / 60)} min"
+    s = run.summary
+    seconds = run.launch_to_first_step_s + s["history"][0]["epoch_time_s"] + evaluation_seconds(vars(run))
+    if cut_to_steps:
+        full_steps = TRAIN_SIZES[s["data"]] // s["global_batch_size"]
+        seconds += (full_steps - cut_to_steps) * s["global_batch_size"] / steady_images_per_s(s)
     return f"{math.ceil(seconds / 60)} min"
 
 
