@@ -14,6 +14,8 @@ import pytest
 import torch
 # Every fixture's time limit and CI's no-skip rule: hooks, which pytest finds by their names here.
 from suite_rules import pytest_fixture_setup, pytest_runtest_makereport, time_limit  # noqa: F401
+# The runs that start with the session and the tests that take them last (tests marked early): early.py.
+from early import early_run, early_runs, pytest_collection_modifyitems  # noqa: F401
 
 from labs.harness import free_port  # torchrun's and the launcher's rendezvous ports, as the labs' checks pick them
 

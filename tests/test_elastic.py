@@ -2,7 +2,6 @@
 when a node returns. On a Ray cluster of its own, which can lose a node (the session's cannot): a head node with no
 CPUs, where the script's driver and Ray Train's controller run and survive, and two worker nodes of 1 CPU each."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights,
+from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights, final_json,
                       latest_ray_checkpoint, registered_epoch)
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides a few seconds
@@ -71,9 +70,9 @@ cluster.shutdown()
 class ElasticCluster:
     """The CLUSTER process: its address, and the commands "remove" and "add", each answered once done."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, env: dict):
         self.log = log
-        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER, str(TICK_S)], cwd=ROOT, text=True,
+        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER, str(TICK_S)], cwd=ROOT, env=env, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
         self.address = self.answer("address").split()[1]
 
@@ -127,16 +126,19 @@ def wait_for(condition, what: str, process, output, timeout=240):
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(600)
-def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_returns(tmp_path, main_summary):
-    cluster = ElasticCluster(tmp_path / "cluster.log")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(POLL_S),
+def elastic_run(folder: Path, env: dict, processes: list) -> dict:
+    """The elastic run, started with the session (conftest.early_runs: most of it is waiting for polls): epochs on 2
+    workers, a node removed once epoch 1's checkpoint is registered, epochs on 1, the node added back, then 2 again
+    to the end. Its exit code, its output and the timeline of what was done to it."""
+    cluster = ElasticCluster(folder / "cluster.log", env)
+    processes.append(cluster.process)
+    env = {**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(POLL_S),
            "RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S": str(RESIZE_CHECK_INTERVAL_S)}
-    storage = tmp_path / "elastic"
+    storage = folder / "elastic"
     process = subprocess.Popen([sys.executable, str(ROOT / RAY_FSDP2), *TRAINING, "--num-workers", "1-2",
                                 "--address", cluster.address, "--checkpoint-dir", str(storage)],
                                cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    processes.append(process)
     output, events = Output(process), {}
     try:
         # Two workers train an epoch; once the controller has registered its checkpoint, a node goes.
@@ -149,8 +151,9 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
         wait_for(lambda: any(n == 1 for _, _, n in output.epochs()), "an epoch on 1 worker", process, output)
         cluster.command("add")
         events["node added"] = time.time() - output.start
-        # Meanwhile, in this process, the same training on one process from start to end, to compare with.
-        fixed, _ = main_summary(SINGLE, *TRAINING, "--checkpoint-dir", str(tmp_path / "fixed"))
+        # Meanwhile, the same training on one process from start to end, to compare with.
+        fixed = subprocess.run([sys.executable, str(ROOT / SINGLE), *TRAINING, "--checkpoint-dir",
+                                str(folder / "fixed")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         events["fixed-size run done"] = time.time() - output.start
         wait_for(lambda: process.poll() is not None, "the end of the run", process, output, timeout=300)
     finally:
@@ -159,8 +162,17 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
         process.wait()
         output.thread.join(timeout=10)
         cluster.shutdown()
-    print(f"\n{output.text()}\n{events}")  # the timeline, with pytest -s
-    assert process.returncode == 0, output.text()[-6000:]
+    return dict(returncode=process.returncode, output=output, events=events, storage=storage, fixed=fixed,
+                fixed_dir=folder / "fixed")
+
+
+@pytest.mark.early(run=elastic_run)
+@pytest.mark.timeout(600)
+def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_returns(early_run):
+    output, storage = early_run["output"], early_run["storage"]
+    print(f"\n{output.text()}\n{early_run['events']}")  # the timeline, with pytest -s
+    assert early_run["returncode"] == 0, output.text()[-6000:]
+    fixed = final_json(early_run["fixed"])
     summary = json.loads([line for _, line in output.lines if line.startswith("{")][-1])
     # Every epoch trained once in the run's history, by 2 workers, then 1, then 2 again.
     history = [(h["epoch"], h["world_size"]) for h in summary["history"]]
@@ -177,7 +189,7 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
     # Each epoch's global batches are the same at any size (the sampler's seed and epoch fix the order), and each
     # resize resumed the model, AdamW and the schedule: the run ends with the weights of a run that never resized, up
     # to float rounding, as step 04's resume from 1 worker to 2 ends with DDP's (test_step04).
-    assert_same_weights(checkpoint_weights(tmp_path / "fixed"),
+    assert_same_weights(checkpoint_weights(early_run["fixed_dir"]),
                         torch.load(latest_ray_checkpoint(storage) / "model.pt", weights_only=True), atol=ROUNDING)
     np.testing.assert_allclose([h["train_loss"] for h in summary["history"]],
                                [h["train_loss"] for h in fixed["history"]], rtol=1e-4)

@@ -1,7 +1,6 @@
 """Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop, on the shared two-node Ray test
-cluster (1 CPU per node): trials of 1 worker, two at a time."""
+cluster (1 CPU per node), but for the interrupted sweep, which starts a Ray of its own."""
 import json
-import os
 import re
 import shlex
 import signal
@@ -20,7 +19,7 @@ from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
-from conftest import ROOT, SMOKE, TUNE, final_json, load_script, parse_only, python
+from conftest import ROOT, SMOKE, TUNE, final_json, load_script, parse_only
 
 
 def tune_results(sweep_dir) -> dict:
@@ -93,29 +92,46 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert report["train_command"] in result.stdout
 
 
-@pytest.mark.timeout(600)
-def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_resumes(ray_cluster, tmp_path):
-    """FailureConfig in the trial's Ray Train run: its worker crashes after epoch 1 and the group goes on from epoch
-    1's checkpoint, within the trial. Interrupted after its second epoch (SIGUSR1, which Tune handles as it does
-    Ctrl-C; a test run in the background may ignore SIGINT), the sweep says so in one line; --resume finishes the
-    trial from a checkpoint the interrupted run wrote, and the table still counts the epochs trained before."""
-    flags = [*SMOKE, "--epochs", "4", "--steps-per-epoch", "20", "--num-workers", "1", "--num-samples", "1",
-             "--fail-at-epoch", "1", "--max-failures", "1", "--address", ray_cluster,
-             "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    interrupted = subprocess.Popen([sys.executable, str(ROOT / TUNE), *flags], cwd=ROOT, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    before = []
+def interrupted_sweep(folder: Path, env: dict, processes: list) -> dict:
+    """A sweep of one trial on 1 worker, whose worker crashes after epoch 1, interrupted after its second epoch
+    (SIGUSR1, which Tune handles as it does Ctrl-C; a run in the background may ignore SIGINT), then resumed. On a Ray
+    that each run starts on this machine, as on a laptop (--address local): started with the session
+    (conftest.early_runs), it leaves the test cluster to the other tests. The output before the interrupt, and both
+    runs."""
+    command = [sys.executable, str(ROOT / TUNE), *SMOKE, "--epochs", "4", "--steps-per-epoch", "20",
+               "--num-workers", "1", "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "1",
+               "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")]
+
+    def start(cmd):
+        processes.append(subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+        return processes[-1]
+
+    def finish(process, printed_before=""):
+        stdout, stderr = process.communicate(timeout=300)
+        return subprocess.CompletedProcess(process.args, process.returncode, printed_before + stdout, stderr)
+
+    interrupted, before = start(command), []
     for line in interrupted.stdout:
         before.append(line)
         if "epoch 2/4, validation accuracy" in line:
             interrupted.send_signal(signal.SIGUSR1)
             break
-    _, stderr = interrupted.communicate(timeout=120)
-    assert re.search(r"resumed from \S+ after epoch 1\b", "".join(before)), "".join(before)[-3000:] + stderr[-3000:]
-    assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in stderr
+    interrupted = finish(interrupted, "".join(before))
+    return dict(interrupted=interrupted, resumed=finish(start([*command, "--resume"])))
 
-    resumed = python(TUNE, *flags, "--resume", timeout=300)
+
+@pytest.mark.early(run=interrupted_sweep)
+@pytest.mark.timeout(600)
+def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_resumes(early_run):
+    """FailureConfig in the trial's Ray Train run: its worker crashes after epoch 1 and the group goes on from epoch
+    1's checkpoint, within the trial. Interrupted after its second epoch, the sweep says so in one line; --resume
+    finishes the trial from a checkpoint the interrupted run wrote, and the table still counts the epochs trained
+    before."""
+    interrupted, resumed = early_run["interrupted"], early_run["resumed"]
+    assert re.search(r"resumed from \S+ after epoch 1\b", interrupted.stdout), (
+        interrupted.stdout[-3000:] + interrupted.stderr[-3000:])
+    assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in interrupted.stderr
     [trial] = final_json(resumed)["trials"]
     # Ray Train resumed the trial's run from its newest checkpoint: epoch 2's, or 3's if the worker got that far
     # while Tune was stopping.

@@ -1,10 +1,11 @@
 """The suite's own rules (suite_rules.py) hold: a fixture past its time limit fails, at setup and at teardown, and the
-suite goes on; under CI a skip is a failure. Each check runs pytest on a few lines of tests in a new process with
-that plugin alone (no torch to import: about a second)."""
+suite goes on; under CI a skip is a failure. And its early runs (early.py) start with the session. Each check runs
+pytest on a few lines of tests in a new process with that plugin alone (no torch to import: about a second)."""
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -45,10 +46,10 @@ def test_d(within_its_limit):
 '''
 
 
-def pytest_on(tmp_path, source: str, **env) -> subprocess.CompletedProcess:
+def pytest_on(tmp_path, source: str, *options, plugin="suite_rules", **env) -> subprocess.CompletedProcess:
     (tmp_path / "test_it.py").write_text(source)
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), **env}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_rules", "-p", "no:cacheprovider", "-rA",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", plugin, "-p", "no:cacheprovider", "-rA", *options,
                            "test_it.py"], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60)
 
 
@@ -72,3 +73,82 @@ def test_under_ci_a_skip_is_a_failure(tmp_path):
     result = pytest_on(tmp_path, source, CI="true")
     assert result.returncode == 1 and "FAILED test_it.py::test_skips" in result.stdout, result.stdout
     assert "skipped under CI (CI=true), which must run it: Skipped: no browser" in result.stdout
+
+
+EARLY = """
+import subprocess, sys, time
+import pytest
+
+def first(folder, env, processes):
+    (folder / "started").touch()
+    time.sleep(1)
+    return folder, time.time()
+
+def second(folder, env, processes):
+    return time.time()
+
+def fails(folder, env, processes):
+    raise AssertionError("the run's own words")
+
+@pytest.mark.early(run=first)
+def test_first(early_run):
+    (early_run[0] / "ended").write_text(str(early_run[1]))
+
+@pytest.mark.early(run=second)
+def test_second(early_run, tmp_path_factory):
+    [first_ended] = tmp_path_factory.getbasetemp().glob("early*/ended")
+    assert early_run >= float(first_ended.read_text())  # one run after another
+
+@pytest.mark.early(run=fails)
+def test_fails(early_run):
+    pass
+
+def test_plain(tmp_path_factory):
+    deadline = time.time() + 10
+    while not list(tmp_path_factory.getbasetemp().glob("early*/started")):  # first's run, meanwhile
+        assert time.time() < deadline
+        time.sleep(0.05)
+"""
+
+UNFINISHED = """
+import subprocess, sys, time
+import pytest
+
+def waits(folder, env, processes):
+    processes.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    (folder / "pid").write_text(str(processes[-1].pid))
+    processes[-1].wait()
+
+def never(folder, env, processes):
+    (folder / "started").touch()
+
+@pytest.mark.early(run=waits)
+def test_waits(early_run):
+    pass
+
+@pytest.mark.early(run=never)
+def test_never(early_run):
+    pass
+
+def test_fails_first(tmp_path_factory):
+    while not list(tmp_path_factory.getbasetemp().glob("early*/pid")):
+        time.sleep(0.05)
+    assert False
+"""
+
+
+def test_early_runs_start_with_the_session_one_after_another_and_their_tests_come_last(tmp_path):
+    result = pytest_on(tmp_path, EARLY, "-v", plugin="early")
+    out = result.stdout
+    order = re.findall(r"^test_it.py::(test_\w+) (PASSED|ERROR)", out, re.MULTILINE)
+    assert order == [("test_plain", "PASSED"), ("test_first", "PASSED"), ("test_second", "PASSED"),
+                     ("test_fails", "ERROR")], out
+    assert "ERROR test_it.py::test_fails - AssertionError: the run's own words" in out  # its run's error
+
+
+def test_at_an_early_end_of_the_session_its_runs_processes_are_killed_and_the_rest_never_start(tmp_path):
+    result = pytest_on(tmp_path, UNFINISHED, "-x", "--basetemp", str(tmp_path / "base"), plugin="early")
+    assert "FAILED test_it.py::test_fails_first" in result.stdout and "1 failed" in result.stdout, result.stdout
+    [pid] = (int(path.read_text()) for path in (tmp_path / "base").glob("early*/pid"))
+    assert not Path(f"/proc/{pid}").exists()  # killed, not left to sleep its 60 s
+    assert not list((tmp_path / "base").glob("early*/started"))
