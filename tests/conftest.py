@@ -269,20 +269,18 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
 SWEEP_SEED = "0"
 
 
-@pytest.fixture(scope="session")
-@time_limit(960)  # its sweep's 900 s, and reading the results
-def finished_sweep(ray_cluster, tmp_path_factory):
+def finished_sweep(folder: Path, lane) -> tuple[dict, Path, subprocess.CompletedProcess]:
     """Step 05's sweep that test_step05 checks, and in the full suite the smoke tier's sweep too (test_smoke): 3
-    trials of 2 workers (both CPUs of the cluster), one at a time, 3 tiny epochs each. ASHA compares trials at epoch 2
-    and stops trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have given their
-    CPUs back (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here). No worker
-    crashes here: a restart within a trial is proved once, by test_step05's interrupted sweep."""
-    tmp_path = tmp_path_factory.mktemp("tune")
-    result = python(TUNE, *SMOKE, "--num-workers", "2", "--epochs", "3", "--num-samples", "3", "--grace-period", "2",
-                    "--seed", SWEEP_SEED, "--profile-steps", "1", "--address", ray_cluster,
-                    "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
-                    timeout=900)  # 515 s for this fixture (cluster included) with the 2 cores 9x oversubscribed
-    return final_json(result), tmp_path, result
+    trials of 2 workers (both CPUs), one at a time, 3 tiny epochs each. ASHA compares trials at epoch 2 and stops
+    trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have given their CPUs back
+    (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here). No worker crashes here:
+    a restart within a trial is proved once, by test_step05's interrupted sweep. On a Ray that it starts on this
+    machine (--address local), with the session (an early run: early.py). Its report, its folder and the run."""
+    result = lane.run([sys.executable, str(ROOT / TUNE), *SMOKE, "--num-workers", "2", "--epochs", "3",
+                       "--num-samples", "3", "--grace-period", "2", "--seed", SWEEP_SEED, "--profile-steps", "1",
+                       "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")],
+                      timeout=900)  # 515 s for this sweep (cluster included) with the 2 cores 9x oversubscribed
+    return final_json(result), folder, result
 
 
 def registered_epoch(storage: Path) -> int:
@@ -298,20 +296,21 @@ def registered_epoch(storage: Path) -> int:
     return 0
 
 
-def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> tuple[subprocess.CompletedProcess, int]:
-    """A Ray step on 2 workers (cmd, whose run folder goes in storage), one of whose workers is killed with kill -9
-    in epoch 2, the way a real crash comes: as soon as Ray has registered epoch 1's checkpoint, which a restart resumes
-    from (give the run enough --steps-per-epoch for that to be mid-epoch). Returns the run once it has ended, and the
-    killed process id."""
+def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float,
+                             lane) -> tuple[subprocess.CompletedProcess, int]:
+    """A Ray step on 2 workers (cmd, whose run folder goes in storage) on a Ray it starts (--address local), one of
+    whose workers is killed with kill -9 in epoch 2, the way a real crash comes: as soon as Ray has registered epoch
+    1's checkpoint, which a restart resumes from (give the run enough --steps-per-epoch for that to be mid-epoch).
+    Started by an early run's lane (early.py). Returns the run once it has ended, and the killed process id."""
     with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
-        run = start(cmd, out, err)
+        run = lane.start(cmd, stdout=out, stderr=err)
         try:
             deadline = time.time() + timeout
             while registered_epoch(storage) < 1:
                 assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
                 time.sleep(0.2)
             workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
-            ours = descendants(os.getpid())
+            ours = descendants(run.pid)  # its Ray's workers, not those of a test running meanwhile
             victim = [pid for pid in map(int, workers.stdout.split()) if pid in ours][-1]
             os.kill(victim, signal.SIGKILL)
             run.wait(timeout=max(deadline - time.time(), 1))
@@ -322,8 +321,8 @@ def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float) -> 
 
 
 def descendants(pid: int) -> set[int]:
-    """The processes started by this one, and by those, and so on: those of this process's Ray test cluster (its
-    nodes' processes are this one's children), not a Ray job that someone runs beside the suite."""
+    """The processes started by this one, and by those, and so on: those of the Ray that a run started, not those of
+    another Ray on this machine (the test cluster's, a Ray job that someone runs beside the suite)."""
     children = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -70,10 +70,10 @@ cluster.shutdown()
 class ElasticCluster:
     """The CLUSTER process: its address, and the commands "remove" and "add", each answered once done."""
 
-    def __init__(self, log: Path, env: dict):
+    def __init__(self, log: Path, lane):
         self.log = log
-        self.process = subprocess.Popen([sys.executable, "-c", CLUSTER, str(TICK_S)], cwd=ROOT, env=env, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
+        self.process = lane.start([sys.executable, "-c", CLUSTER, str(TICK_S)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=log.open("w"))
         self.address = self.answer("address").split()[1]
 
     def answer(self, word: str) -> str:
@@ -126,19 +126,17 @@ def wait_for(condition, what: str, process, output, timeout=240):
         time.sleep(0.2)
 
 
-def elastic_run(folder: Path, env: dict, processes: list) -> dict:
-    """The elastic run, started with the session (conftest.early_runs: most of it is waiting for polls): epochs on 2
-    workers, a node removed once epoch 1's checkpoint is registered, epochs on 1, the node added back, then 2 again
-    to the end. Its exit code, its output and the timeline of what was done to it."""
-    cluster = ElasticCluster(folder / "cluster.log", env)
-    processes.append(cluster.process)
-    env = {**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(POLL_S),
-           "RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S": str(RESIZE_CHECK_INTERVAL_S)}
+def elastic_run(folder: Path, lane) -> dict:
+    """The elastic run, started with the session (an early run: early.py; most of it is waiting for polls): epochs
+    on 2 workers, a node removed once epoch 1's checkpoint is registered, epochs on 1, the node added back, then 2
+    again to the end. Its exit code, its output, the timeline of what was done to it, and the fixed-size run."""
+    cluster = ElasticCluster(folder / "cluster.log", lane)
     storage = folder / "elastic"
-    process = subprocess.Popen([sys.executable, str(ROOT / RAY_FSDP2), *TRAINING, "--num-workers", "1-2",
-                                "--address", cluster.address, "--checkpoint-dir", str(storage)],
-                               cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    processes.append(process)
+    process = lane.start([sys.executable, str(ROOT / RAY_FSDP2), *TRAINING, "--num-workers", "1-2", "--address",
+                          cluster.address, "--checkpoint-dir", str(storage)],
+                         env={"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(POLL_S),
+                              "RAY_TRAIN_ELASTIC_MONITOR_INTERVAL_S": str(RESIZE_CHECK_INTERVAL_S)},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output, events = Output(process), {}
     try:
         # Two workers train an epoch; once the controller has registered its checkpoint, a node goes.
@@ -152,8 +150,8 @@ def elastic_run(folder: Path, env: dict, processes: list) -> dict:
         cluster.command("add")
         events["node added"] = time.time() - output.start
         # Meanwhile, the same training on one process from start to end, to compare with.
-        fixed = subprocess.run([sys.executable, str(ROOT / SINGLE), *TRAINING, "--checkpoint-dir",
-                                str(folder / "fixed")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        fixed = lane.run([sys.executable, str(ROOT / SINGLE), *TRAINING, "--checkpoint-dir", str(folder / "fixed")],
+                         timeout=300)
         events["fixed-size run done"] = time.time() - output.start
         wait_for(lambda: process.poll() is not None, "the end of the run", process, output, timeout=300)
     finally:

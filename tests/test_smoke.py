@@ -16,7 +16,7 @@ import pytest
 
 from common import build_model
 from conftest import (RAY_DDP, RAY_FSDP2, ROOT, SINGLE, SMOKE, TUNE, assert_sane_summary, checkpoint_weights,
-                      final_json, free_port, latest_ray_checkpoint, python, ray_script, start)
+                      final_json, finished_sweep, free_port, latest_ray_checkpoint, python, ray_script, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
@@ -106,12 +106,12 @@ def test_ray_data_feeds_two_workers_on_two_nodes(background, ray_cluster, tmp_pa
     build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path)))
 
 
-def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, request, tmp_path):
+def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, early_runs, tmp_path):
     """Alone, the smoke tier sweeps one trial (the recipe's flags): each trial starts three processes (Tune's, Ray
     Train's controller, the worker), the tier's largest cost. In the full suite, step 05's sweep (3 trials, ASHA
-    stopping one: test_step05) is checked here too, rather than a sweep of its own."""
-    if any("finished_sweep" in item.fixturenames for item in request.session.items):
-        (report, sweep, _), samples, epochs = request.getfixturevalue("finished_sweep"), 3, 3
+    stopping one: test_step05, started with the session) is checked here too, rather than a sweep of its own."""
+    if finished_sweep in early_runs:
+        (report, sweep, _), samples, epochs = early_runs[finished_sweep].result(), 3, 3
     else:
         sweep, samples, epochs = tmp_path, 1, 1
         report = final_json(python(TUNE, *QUICK, "--epochs", str(epochs), "--num-workers", "1", "--num-samples",

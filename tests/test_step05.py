@@ -19,7 +19,7 @@ from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
-from conftest import ROOT, SMOKE, TUNE, final_json, load_script, parse_only
+from conftest import ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
 
 
 def tune_results(sweep_dir) -> dict:
@@ -31,10 +31,11 @@ def tune_results(sweep_dir) -> dict:
     return accuracies
 
 
-def test_each_trial_profiles_into_its_own_run_folder(finished_sweep):
+@pytest.mark.early(run=finished_sweep)
+def test_each_trial_profiles_into_its_own_run_folder(early_run):
     """--profile-steps: a trace per rank and the summary in each trial's run folder, beside its checkpoints (where
     step 02 alone would write them: under --checkpoint-dir, outside the sweep)."""
-    report, tmp_path, _ = finished_sweep
+    report, tmp_path, _ = early_run
     runs = sorted(Path(report["sweep"]).glob("train-*"))
     assert len(runs) == 3
     for run in runs:
@@ -44,8 +45,9 @@ def test_each_trial_profiles_into_its_own_run_folder(finished_sweep):
 
 
 @pytest.mark.timeout(60)
-def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
-    report = finished_sweep[0]
+@pytest.mark.early(run=finished_sweep)
+def test_every_trial_reports_and_the_best_is_the_most_accurate(early_run):
+    report = early_run[0]
     recorded = tune_results(report["sweep"])
     assert sorted(recorded) == [t["trial_id"] for t in report["trials"]] and len(recorded) == 3
     for trial in report["trials"]:
@@ -60,11 +62,12 @@ def test_every_trial_reports_and_the_best_is_the_most_accurate(finished_sweep):
     assert len({t["searched"] for t in report["trials"]}) == 3
 
 
-def test_asha_stopped_a_trial_behind_at_epoch_2_and_the_next_trial_got_its_cpus(finished_sweep):
+@pytest.mark.early(run=finished_sweep)
+def test_asha_stopped_a_trial_behind_at_epoch_2_and_the_next_trial_got_its_cpus(early_run):
     """One trial at a time (2 workers on 2 CPUs), in trial order. At epoch 2 ASHA stops a trial below the median of
     the trials before it there, and only such a trial; a stopped trial ran 2 epochs, the others all 3. The sweep
     finished, so the trial after the stopped one got its CPUs."""
-    report, _, result = finished_sweep
+    report, _, result = early_run
     trials = report["trials"]  # in trial order, the order they ran
     at_epoch_2 = [t["history"][1]["validation_accuracy"] for t in trials]
     for i, trial in enumerate(trials):
@@ -77,8 +80,9 @@ def test_asha_stopped_a_trial_behind_at_epoch_2_and_the_next_trial_got_its_cpus(
     assert trials[2]["epochs_run"] >= 2  # the trial after it trained, on the CPUs the stopped one held
 
 
-def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(finished_sweep):
-    report, tmp_path, result = finished_sweep
+@pytest.mark.early(run=finished_sweep)
+def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(early_run):
+    report, tmp_path, result = early_run
     table = (tmp_path / "out" / "results.md").read_text()
     assert all(t["trial_id"] in table for t in report["trials"]) and report["best"]["searched"] in table
     assert (tmp_path / "out" / "validation_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -92,33 +96,23 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(fi
     assert report["train_command"] in result.stdout
 
 
-def interrupted_sweep(folder: Path, env: dict, processes: list) -> dict:
+def interrupted_sweep(folder: Path, lane) -> dict:
     """A sweep of one trial on 1 worker, whose worker crashes after epoch 1, interrupted after its second epoch
     (SIGUSR1, which Tune handles as it does Ctrl-C; a run in the background may ignore SIGINT), then resumed. On a Ray
-    that each run starts on this machine, as on a laptop (--address local): started with the session
-    (conftest.early_runs), it leaves the test cluster to the other tests. The output before the interrupt, and both
-    runs."""
+    that each run starts on this machine, as on a laptop (--address local): started with the session (an early run:
+    early.py), it leaves the test cluster to the other tests."""
     command = [sys.executable, str(ROOT / TUNE), *SMOKE, "--epochs", "4", "--steps-per-epoch", "20",
                "--num-workers", "1", "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "1",
                "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")]
-
-    def start(cmd):
-        processes.append(subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE))
-        return processes[-1]
-
-    def finish(process, printed_before=""):
-        stdout, stderr = process.communicate(timeout=300)
-        return subprocess.CompletedProcess(process.args, process.returncode, printed_before + stdout, stderr)
-
-    interrupted, before = start(command), []
-    for line in interrupted.stdout:
+    process, before = lane.start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE), []
+    for line in process.stdout:
         before.append(line)
         if "epoch 2/4, validation accuracy" in line:
-            interrupted.send_signal(signal.SIGUSR1)
+            process.send_signal(signal.SIGUSR1)
             break
-    interrupted = finish(interrupted, "".join(before))
-    return dict(interrupted=interrupted, resumed=finish(start([*command, "--resume"])))
+    stdout, stderr = process.communicate(timeout=300)
+    interrupted = subprocess.CompletedProcess(command, process.returncode, "".join(before) + stdout, stderr)
+    return dict(interrupted=interrupted, resumed=lane.run([*command, "--resume"], timeout=300))
 
 
 @pytest.mark.early(run=interrupted_sweep)

@@ -79,20 +79,24 @@ EARLY = """
 import subprocess, sys, time
 import pytest
 
-def first(folder, env, processes):
+def first(folder, lane):
     (folder / "started").touch()
     time.sleep(1)
     return folder, time.time()
 
-def second(folder, env, processes):
+def second(folder, lane):
     return time.time()
 
-def fails(folder, env, processes):
+def fails(folder, lane):
     raise AssertionError("the run's own words")
 
 @pytest.mark.early(run=first)
 def test_first(early_run):
     (early_run[0] / "ended").write_text(str(early_run[1]))
+
+@pytest.mark.early(run=first)
+def test_first_again(early_run, tmp_path_factory):
+    assert len(list(tmp_path_factory.getbasetemp().glob("early*/started"))) == 1  # one run for both tests
 
 @pytest.mark.early(run=second)
 def test_second(early_run, tmp_path_factory):
@@ -114,12 +118,12 @@ UNFINISHED = """
 import subprocess, sys, time
 import pytest
 
-def waits(folder, env, processes):
-    processes.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
-    (folder / "pid").write_text(str(processes[-1].pid))
-    processes[-1].wait()
+def waits(folder, lane):
+    process = lane.start([sys.executable, "-c", "import time; time.sleep(60)"])
+    (folder / "pid").write_text(str(process.pid))
+    process.wait()
 
-def never(folder, env, processes):
+def never(folder, lane):
     (folder / "started").touch()
 
 @pytest.mark.early(run=waits)
@@ -137,12 +141,12 @@ def test_fails_first(tmp_path_factory):
 """
 
 
-def test_early_runs_start_with_the_session_one_after_another_and_their_tests_come_last(tmp_path):
+def test_early_runs_start_with_the_session_one_after_another_shared_and_their_tests_come_last(tmp_path):
     result = pytest_on(tmp_path, EARLY, "-v", plugin="early")
     out = result.stdout
     order = re.findall(r"^test_it.py::(test_\w+) (PASSED|ERROR)", out, re.MULTILINE)
-    assert order == [("test_plain", "PASSED"), ("test_first", "PASSED"), ("test_second", "PASSED"),
-                     ("test_fails", "ERROR")], out
+    assert order == [("test_plain", "PASSED"), ("test_first", "PASSED"), ("test_first_again", "PASSED"),
+                     ("test_second", "PASSED"), ("test_fails", "ERROR")], out
     assert "ERROR test_it.py::test_fails - AssertionError: the run's own words" in out  # its run's error
 
 

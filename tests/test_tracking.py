@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from suite_rules import time_limit
 
 from common import build_model
 from conftest import (ROOT, SMOKE, assert_same_weights, checkpoint_weights, final_json, kill_a_worker_in_epoch_2,
-                      latest_ray_checkpoint, load_script, parse_only, python, ray_script)
+                      latest_ray_checkpoint, load_script, parse_only)
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
@@ -24,23 +23,32 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    """One SQLite store for this module: MLflow creates its tables once, which takes seconds."""
+    """One SQLite store for this module's tests in this process: MLflow creates its tables once, which takes seconds."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-@pytest.fixture(scope="module")
-@time_limit(RUN_TIMEOUT + 60)
-def tracked_run(ray_cluster, store, tmp_path_factory):
-    """One tracked run on the test cluster, a worker of which is killed (kill -9) early in epoch 2: Ray restarts the
-    group from epoch 1's checkpoint. With what the store held of it right after (the resume test adds to the store),
-    and its console."""
-    storage, logs = tmp_path_factory.mktemp("ray_ddp_mlflow"), tmp_path_factory.mktemp("console")
-    argv = [*SMOKE, *LONGER_EPOCHS, "--num-workers", "2", "--address", ray_cluster, "--checkpoint-dir", str(storage),
+def tracked_runs(folder: Path, lane) -> dict:
+    """One tracked run on a Ray of its own, a worker of which is killed (kill -9) early in epoch 2: Ray restarts the
+    group from epoch 1's checkpoint. What the store held of it right after, with its last checkpoint's weights; then
+    --resume (with a larger --epochs) and what the store holds after; then, where Chromium is, MLflow's UI on the
+    store. Started with the session (an early run: early.py): most of it is Ray and MLflow starting up."""
+    storage, logs, ui = (folder / name for name in ("ray_ddp_mlflow", "console", "ui"))
+    logs.mkdir()
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    argv = [*SMOKE, *LONGER_EPOCHS, "--num-workers", "2", "--address", "local", "--checkpoint-dir", str(storage),
             "--tracking-uri", store]
     result, victim = kill_a_worker_in_epoch_2([sys.executable, str(ROOT / VARIANT), *argv], storage, logs,
-                                              timeout=RUN_TIMEOUT)
-    return dict(summary=final_json(result), stdout=result.stdout, stderr=result.stderr, victim=victim,
-                storage=storage, flags=parsed_flags(*argv), ray_run=ray_run_name(storage), tracker=tracker_runs(store))
+                                              RUN_TIMEOUT, lane)
+    tracked = dict(result=result, victim=victim, argv=argv, storage=storage, ray_run=ray_run_name(storage),
+                   tracker=tracker_runs(store), weights=checkpoint_weights(latest_ray_checkpoint(storage)))
+    resumed = lane.run([sys.executable, str(ROOT / VARIANT), *argv, "--resume", "--epochs", "3"], RUN_TIMEOUT)
+    resume = dict(result=resumed, tracker=tracker_runs(store), weights=checkpoint_weights(latest_ray_checkpoint(
+        storage)))
+    shown = None  # MLflow's UI, where there is a browser to show it
+    if CHROMIUM:
+        shown = lane.run([sys.executable, str(ROOT / "benchmarks/tracking_ui.py"), "--tracking-uri", store, "--run",
+                          tracked["ray_run"], "--out", str(ui), "--chromium", CHROMIUM], timeout=540)
+    return dict(tracked=tracked, resume=resume, ui=(shown, ui))
 
 
 def ray_run_name(storage: Path) -> str:
@@ -129,60 +137,61 @@ def test_a_restart_logs_only_the_epochs_the_tracker_lacks(store):
         assert [(m.step, m.value) for m in client.get_metric_history(first.info.run_id, key)] == logged
 
 
-def test_one_tracker_run_across_a_worker_group_restart(tracked_run):
+@pytest.mark.early(run=tracked_runs)
+def test_one_tracker_run_across_a_worker_group_restart(early_run):
     """One MLflow run for the Ray run, though its worker group crashed and restarted: every epoch logged once,
     with the history's values, the flags as parameters, and the final model, which loads into a plain model."""
-    summary, runs = tracked_run["summary"], tracked_run["tracker"]
-    assert "resumed from" in tracked_run["stdout"]  # the crash and restart did happen
-    assert [run["ray_run"] for run in runs] == [tracked_run["ray_run"]]
+    tracked = early_run["tracked"]
+    summary, runs = final_json(tracked["result"]), tracked["tracker"]
+    assert "resumed from" in tracked["result"].stdout  # the crash and restart did happen
+    assert [run["ray_run"] for run in runs] == [tracked["ray_run"]]
     (run,) = runs
-    assert run["name"] == tracked_run["ray_run"] and run["status"] == "FINISHED"
+    assert run["name"] == tracked["ray_run"] and run["status"] == "FINISHED"
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
     assert run["metrics"] == history_as_logged(summary["history"])
-    assert run["params"] == tracked_run["flags"]
+    assert run["params"] == parsed_flags(*tracked["argv"])
     assert run["params"]["steps_per_epoch"] == "40" and run["params"]["model"] == "tiny"
     build_model("tiny").load_state_dict(run["model"])
-    assert_same_weights(run["model"], checkpoint_weights(latest_ray_checkpoint(tracked_run["storage"])))
+    assert_same_weights(run["model"], tracked["weights"])
 
 
-def test_a_worker_killed_mid_epoch_is_told_in_a_few_lines_and_the_run_ends_with_its_result(tracked_run):
+@pytest.mark.early(run=tracked_runs)
+def test_a_worker_killed_mid_epoch_is_told_in_a_few_lines_and_the_run_ends_with_its_result(early_run):
     """Step 02's README: a real crash comes mid-epoch, try kill -9 on a ray::RayTrainWorker. Here in the tracked
     variant's run (step 02's, with MLflow's lines added): the console names what died (Ray's one line), that the run
     resumed after epoch 1, and no traceback; one bar, no copy of the dead worker's; and the run's last line is still
     its JSON result."""
-    stdout, console = tracked_run["stdout"], tracked_run["stdout"] + tracked_run["stderr"]
-    assert f"Worker PID: {tracked_run['victim']}" in console  # Ray says what died
+    tracked = early_run["tracked"]
+    stdout, console = tracked["result"].stdout, tracked["result"].stdout + tracked["result"].stderr
+    assert f"Worker PID: {tracked['victim']}" in console  # Ray says what died
     assert "resumed from" in stdout and "after epoch 1" in stdout
     assert "Traceback" not in console and "(pid=" not in console
     assert stdout.count("epoch 2/2 |") == 1
-    assert [h["epoch"] for h in tracked_run["summary"]["history"]] == [1, 2]
+    assert [h["epoch"] for h in final_json(tracked["result"])["history"]] == [1, 2]
 
 
-@pytest.mark.timeout(600)
-def test_resume_continues_the_same_tracker_run(tracked_run, ray_cluster, store):
+@pytest.mark.early(run=tracked_runs)
+def test_resume_continues_the_same_tracker_run(early_run):
     """--resume (with a larger --epochs) goes on in the same MLflow run: the new epoch is added once, the earlier
     ones stay as they were, the parameters stay the first launch's (MLflow refuses to change one), and the model
     artifact becomes the resumed run's final model."""
-    before = tracked_run["tracker"][0]
-    result = ray_script(VARIANT, ray_cluster, tracked_run["storage"], *LONGER_EPOCHS, "--tracking-uri",
-                        store, "--resume", "--epochs", "3", timeout=RUN_TIMEOUT)
-    summary = final_json(result)
-    (run,) = tracker_runs(store)
+    before, resume = early_run["tracked"]["tracker"][0], early_run["resume"]
+    summary = final_json(resume["result"])
+    (run,) = resume["tracker"]
     assert run["id"] == before["id"] and run["status"] == "FINISHED"
     assert [h["epoch"] for h in summary["history"]] == [1, 2, 3]
     assert run["metrics"] == history_as_logged(summary["history"])
     assert all(run["metrics"][key][:2] == logged for key, logged in before["metrics"].items())
     assert run["params"] == before["params"] and run["params"]["epochs"] == "2"
-    assert_same_weights(run["model"], checkpoint_weights(latest_ray_checkpoint(tracked_run["storage"])))
+    assert_same_weights(run["model"], resume["weights"])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
-@pytest.mark.timeout(600)
-def test_mlflow_ui_shows_the_run(tracked_run, store, tmp_path):
+@pytest.mark.early(run=tracked_runs)
+def test_mlflow_ui_shows_the_run(early_run):
     """`mlflow ui` on the store, in headless Chromium: the run's name, every parameter, the last test accuracy, and
     the test accuracy chart with a point per epoch (benchmarks/tracking_ui.py checks them), and a screenshot."""
-    result = python("benchmarks/tracking_ui.py", "--tracking-uri", store, "--run", tracked_run["ray_run"],
-                    "--out", str(tmp_path), "--chromium", CHROMIUM, timeout=540)
+    result, out = early_run["ui"]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert (tmp_path / "screenshot.png").read_bytes().startswith(b"\x89PNG")
-    assert "all of them shown" in (tmp_path / "results.md").read_text()
+    assert (out / "screenshot.png").read_bytes().startswith(b"\x89PNG")
+    assert "all of them shown" in (out / "results.md").read_text()
