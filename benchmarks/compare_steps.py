@@ -170,6 +170,8 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default: the steps' default)")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut epochs short (same for every step)")
+    p.add_argument("--eval-images", type=int, default=None,
+                   help="score each run on the first N test images (default: all; same for every step)")
     p.add_argument("--num-workers", type=int, default=2, help="processes of the multi-process steps")
     p.add_argument("--memory-model", default=list(PRESETS)[-1], choices=PRESETS, help="default: the largest")
     p.add_argument("--memory-workers", type=int, nargs="+", default=[1, 2, 4])
@@ -319,7 +321,7 @@ def command(run: Run, args, address: str | None) -> list:
     else:
         flags = ["--model", args.model, "--data", args.data, "--epochs", str(args.epochs)]
         for flag, value in [("--data-dir", args.data_dir), ("--batch-size", args.batch_size),
-                            ("--steps-per-epoch", args.steps_per_epoch)]:
+                            ("--steps-per-epoch", args.steps_per_epoch), ("--eval-images", args.eval_images)]:
             if value is not None:
                 flags += [flag, str(value)]
     flags += run.flags

@@ -15,13 +15,15 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def test_benchmark_writes_table_and_plots(tmp_path):
     """Two step runs, no Ray: the memory section (a Ray run of its own) is drawn from a recorded run below."""
     result = python("benchmarks/compare_steps.py", "--data", "synthetic", "--model", "tiny", "--epochs", "2",
-                    "--steps-per-epoch", "3", "--batch-size", "32", "--only", "single_machine", "ddp",
-                    "--out", str(tmp_path), timeout=300)
+                    "--steps-per-epoch", "3", "--batch-size", "32", "--eval-images", "64", "--only", "single_machine",
+                    "ddp", "--out", str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"table: {tmp_path / 'results.md'}" in result.stdout
 
     runs = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
     assert list(runs) == ["single_machine", "ddp"]
+    for name in runs:  # --eval-images reached every step
+        assert "evaluating on the first 64 only" in (tmp_path / "logs" / f"{name}.log").read_text(), name
     single, ddp = (runs[n]["summary"] for n in runs)
     assert single["test_accuracy"] == ddp["test_accuracy"]  # same global batch and seed: the same training
     assert len(single["history"]) == 2 and all(runs[n]["launch_to_first_step_s"] > 0 for n in ("single_machine", "ddp"))
