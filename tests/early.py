@@ -28,10 +28,10 @@ class Lane:
         self.env, self.processes = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, []
 
     def start(self, cmd, env=None, **options) -> subprocess.Popen:
-        """The started process (Popen's options), with these variables added to the environment. At the lowest
-        priority (nice 19), it and what it starts: it takes the cores when the other tests leave them idle."""
-        self.processes.append(subprocess.Popen(["nice", "-n", "19", *cmd], cwd=ROOT, env={**self.env, **(env or {})},
-                                               text=True, **options))
+        """The started process (Popen's options), with these variables added to the environment. At the other
+        tests' priority: niced, a run's Ray would wait for the cores through its own timeouts (a worker group's
+        start: 60 s) whenever the other tests keep both busy."""
+        self.processes.append(subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **(env or {})}, text=True, **options))
         return self.processes[-1]
 
     def run(self, cmd, timeout: float, env=None) -> subprocess.CompletedProcess:
