@@ -25,7 +25,9 @@ class Lane:
     session's end, should its test never have come (pytest -x)."""
 
     def __init__(self):
-        self.env, self.processes = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, []
+        # Ray starts its workers at nice 15, as the test cluster does not (conftest.ray_cluster): see start().
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
+        self.processes = []
 
     def start(self, cmd, env=None, **options) -> subprocess.Popen:
         """The started process (Popen's options), with these variables added to the environment. At the other
