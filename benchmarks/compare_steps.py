@@ -110,7 +110,7 @@ def main():
     for run in runs:
         run.made_by = made_by
     results = dict(machine=machine, **made_by, ray_start_s=ray_start_s, steps_per_epoch=args.steps_per_epoch,
-                   runs=[vars(r) for r in runs])
+                   eval_images=args.eval_images, runs=[vars(r) for r in runs])
     if previous:
         results = updated(previous, results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -122,13 +122,17 @@ def main():
 
 
 def check_comparable(previous: dict, machine: str, args, path: Path):
-    """--update puts new runs in a table beside old ones: same machine, same epoch length."""
+    """--update puts new runs in a table beside old ones: same machine, same epoch length, same evaluation."""
     if previous["machine"] != machine:
         raise SystemExit(f"error: --update: {path} was measured on {previous['machine']}, not on this machine "
                          f"({machine}); run every run here, without --update")
     if previous.get("steps_per_epoch") != args.steps_per_epoch:
         raise SystemExit(f"error: --update: {path} cut its epochs to {previous.get('steps_per_epoch')} steps, this "
                          f"command to {args.steps_per_epoch}; pass --steps-per-epoch {previous.get('steps_per_epoch')}")
+    if previous.get("eval_images") != args.eval_images:
+        scored = previous.get("eval_images") or "all the"
+        raise SystemExit(f"error: --update: {path} scored its runs on {scored} test images, this command on "
+                         f"{args.eval_images or 'all'}; pass the same --eval-images")
 
 
 def updated(previous: dict, results: dict) -> dict:

@@ -172,7 +172,8 @@ def step_command(run: Run, args) -> list:
     """compare_steps' command for the run, with this script's sizes: the CPU runs' epochs are shorter."""
     steps = args.cpu_steps_per_epoch if run.section == "scaling" else args.steps_per_epoch
     settings = argparse.Namespace(model=args.model, data="synthetic", data_dir=None, epochs=args.epochs,
-                                  batch_size=args.batch_size, steps_per_epoch=steps)
+                                  batch_size=args.batch_size, steps_per_epoch=steps,
+                                  eval_images=None)  # in each run's flags: the GPU's and the CPUs' differ
     return command(run, settings, None)
 
 

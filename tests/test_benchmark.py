@@ -202,7 +202,8 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
 
 @pytest.mark.parametrize("published, refusal", [
     (dict(machine="another machine"), "was measured on another machine, not on this machine"),
-    (dict(steps_per_epoch=100), "cut its epochs to 100 steps, this command to None; pass --steps-per-epoch 100")])
+    (dict(steps_per_epoch=100), "cut its epochs to 100 steps, this command to None; pass --steps-per-epoch 100"),
+    (dict(eval_images=64), "scored its runs on 64 test images, this command on all; pass the same --eval-images")])
 def test_update_refuses_results_it_could_not_sit_beside_before_running_anything(published, refusal, tmp_path,
                                                                                  main_error, capsys):
     compare_steps = load_script("benchmarks/compare_steps.py")

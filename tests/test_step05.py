@@ -1,5 +1,6 @@
-"""Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop, on the shared two-node Ray test
-cluster (1 CPU per node), but for the interrupted sweep, which starts a Ray of its own."""
+"""Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop. The script's two whole sweeps (3 trials;
+1 trial crashed, interrupted and resumed) are early runs (early.py), each on a Ray it starts; what runs in this
+process uses the shared two-node Ray test cluster (1 CPU per node)."""
 import json
 import re
 import shlex
