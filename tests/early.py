@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Lane:
-    """How an early run starts its processes: from the repository root, in the environment as the session started,
-    with one thread per process (a test may change this process's environment meanwhile); each is killed at the
-    session's end, should its test never have come (pytest -x)."""
+    """How an early run starts its processes: from the repository root, in the environment as the session started
+    (a test may change this process's environment meanwhile), one OpenMP thread each; each is killed at the session's
+    end, should its test never have come (pytest -x)."""
 
     def __init__(self):
         # Ray starts its workers at nice 15, as the test cluster does not (conftest.ray_cluster): see start().

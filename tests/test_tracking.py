@@ -39,7 +39,7 @@ def tracked_runs(folder: Path, lane) -> dict:
             "--tracking-uri", store]
     result, victim = kill_a_worker_in_epoch_2([sys.executable, str(ROOT / VARIANT), *argv], storage, logs,
                                               RUN_TIMEOUT, lane)
-    tracked = dict(result=result, victim=victim, argv=argv, storage=storage, ray_run=ray_run_name(storage),
+    tracked = dict(summary=final_json(result), result=result, victim=victim, argv=argv, ray_run=ray_run_name(storage),
                    tracker=tracker_runs(store), weights=checkpoint_weights(latest_ray_checkpoint(storage)))
     resumed = lane.run([sys.executable, str(ROOT / VARIANT), *argv, "--resume", "--epochs", "3"], RUN_TIMEOUT)
     resume = dict(result=resumed, tracker=tracker_runs(store), weights=checkpoint_weights(latest_ray_checkpoint(
@@ -142,7 +142,7 @@ def test_one_tracker_run_across_a_worker_group_restart(early_run):
     """One MLflow run for the Ray run, though its worker group crashed and restarted: every epoch logged once,
     with the history's values, the flags as parameters, and the final model, which loads into a plain model."""
     tracked = early_run["tracked"]
-    summary, runs = final_json(tracked["result"]), tracked["tracker"]
+    summary, runs = tracked["summary"], tracked["tracker"]
     assert "resumed from" in tracked["result"].stdout  # the crash and restart did happen
     assert [run["ray_run"] for run in runs] == [tracked["ray_run"]]
     (run,) = runs
@@ -167,7 +167,7 @@ def test_a_worker_killed_mid_epoch_is_told_in_a_few_lines_and_the_run_ends_with_
     assert "resumed from" in stdout and "after epoch 1" in stdout
     assert "Traceback" not in console and "(pid=" not in console
     assert stdout.count("epoch 2/2 |") == 1
-    assert [h["epoch"] for h in final_json(tracked["result"])["history"]] == [1, 2]
+    assert [h["epoch"] for h in tracked["summary"]["history"]] == [1, 2]
 
 
 @pytest.mark.early(run=tracked_runs)
