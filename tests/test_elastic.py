@@ -165,7 +165,6 @@ def elastic_run(folder: Path, lane) -> dict:
 
 
 @pytest.mark.early(run=elastic_run)
-@pytest.mark.timeout(600)
 def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_returns(early_run):
     output, storage = early_run["output"], early_run["storage"]
     print(f"\n{output.text()}\n{early_run['events']}")  # the timeline, with pytest -s

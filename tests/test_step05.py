@@ -117,7 +117,6 @@ def interrupted_sweep(folder: Path, lane) -> dict:
 
 
 @pytest.mark.early(run=interrupted_sweep)
-@pytest.mark.timeout(600)
 def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_resumes(early_run):
     """FailureConfig in the trial's Ray Train run: its worker crashes after epoch 1 and the group goes on from epoch
     1's checkpoint, within the trial. Interrupted after its second epoch, the sweep says so in one line; --resume
