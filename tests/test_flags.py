@@ -1,5 +1,8 @@
 """Every flag of every step is checked as soon as it is parsed: a bad value ends the run before any work,
 with one line on stderr that names the flag, the value and the fix, and exit code 2 (argparse's)."""
+import threading
+import time
+
 import pytest
 
 from common import errors
@@ -178,9 +181,14 @@ def test_every_numeric_flag_has_a_case_below_its_lower_bound_and_every_float_fla
 
 
 def test_under_torchrun_only_rank_0_prints_the_error(run_main, monkeypatch):
-    """Rank 1 waits before it exits: torchrun would otherwise stop rank 0 before it printed (a test run saw it)."""
-    waits = []
-    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    """Rank 1 waits before it exits: torchrun would otherwise stop rank 0 before it printed (a test run saw it).
+    time.sleep is the whole process's: the early runs' thread (subprocess waits) goes on sleeping for real."""
+    waits, real_sleep, this_thread = [], time.sleep, threading.get_ident()
+
+    def sleep(seconds):
+        waits.append(seconds) if threading.get_ident() == this_thread else real_sleep(seconds)
+
+    monkeypatch.setattr(errors.time, "sleep", sleep)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert run_main(SCRIPTS[1], "--batch-size", "33") == (2, []) and waits == [errors.FIRST_PROCESS_GRACE_S]
