@@ -1,11 +1,12 @@
 """The smoke tier (`python -m pytest -m smoke`): every script end to end once, as cheaply as it runs. The full
 suite's shared runs crash and restart, resume, accumulate and profile; these do none of that.
 
-The two cores are the limit, so the runs overlap. Those that need no Ray cluster (step 01 on one process and through
-the multi-node launcher; step 02, its MLflow variant, 03 and 04 in Ray Train's local mode) start together, in the
-background, niced, when the first test here asks for them. The runs on the two-node test cluster come first: step 02
-with Ray Data on both nodes' CPUs, then the sweep's one worker and step 06's one actor side by side (in the full
-suite, the sweep is step 05's, which its tests share)."""
+The two cores are the limit, so the runs overlap. Those that need no Ray cluster (step 01 through the multi-node
+launcher; step 02, its MLflow variant, 03 and 04 in Ray Train's local mode) start together, in the background, niced,
+when the first test here asks for them. Step 01 on one process is conftest's single_run, which step 01's tests check
+too. The runs on the two-node test cluster come first: step 02 with Ray Data on both nodes' CPUs, then the sweep's
+one worker and step 06's one actor (on single_run's checkpoint) side by side (in the full suite, the sweep is step
+05's, which its tests share)."""
 import os
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import pandas as pd
 import pytest
 
 from common import build_model
-from conftest import (RAY_DDP, RAY_FSDP2, ROOT, SINGLE, SMOKE, TUNE, assert_sane_summary, checkpoint_weights,
-                      final_json, finished_sweep, free_port, latest_ray_checkpoint, python, ray_script, start)
+from conftest import (EVAL_IMAGES, RAY_DDP, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
+                      checkpoint_weights, final_json, finished_sweep, free_port, latest_ray_checkpoint, python,
+                      ray_script, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
@@ -24,10 +26,6 @@ LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 MLFLOW = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
 INFERENCE = "06-ray-data-inference/batch_inference.py"
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
-# Each run scored on the first 64 test images, not conftest's EVAL_IMAGES (256): scoring is a third of a tiny run's
-# time, and a smoke run need only show that it learns.
-SMOKE_EVAL_IMAGES = 64
-QUICK = [*SMOKE, "--eval-images", str(SMOKE_EVAL_IMAGES)]
 FINISH_TIMEOUT = 240  # s: the background runs share the 2 cores with each other and with the cluster's runs
 
 
@@ -65,16 +63,15 @@ def background(tmp_path_factory):
     launcher = ["bash", str(ROOT / LAUNCHER), "--nnodes", "2", "--endpoint", endpoint, "--nproc-per-node", "1"]
     # this venv's torchrun; the two "nodes" share this machine's cores
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    # Niced, but for step 01's run, whose checkpoint step 06 reads: the cluster's runs are the tier's critical path
-    # (Ray runs its workers at nice 15), and these fill the gaps while those wait on Ray.
+    # Niced: the cluster's runs are the tier's critical path (Ray runs its workers at nice 15), and these fill the
+    # gaps while those wait on Ray.
     niced = ["nice", "-n", "19"]
     commands = {
-        "single": [sys.executable, str(ROOT / SINGLE), *QUICK],
-        **{f"node{rank}": [*niced, *launcher, "--node-rank", str(rank), "--", *QUICK] for rank in (0, 1)},
-        "ray_ddp": [*niced, sys.executable, str(ROOT / RAY_DDP), *QUICK, *LOCAL_MODE],
-        "fsdp1": [*niced, sys.executable, str(ROOT / "03-ray-train-fsdp/train_ray_fsdp.py"), *QUICK, *LOCAL_MODE],
-        "fsdp2": [*niced, sys.executable, str(ROOT / RAY_FSDP2), *QUICK, *LOCAL_MODE],
-        "mlflow": [*niced, sys.executable, str(ROOT / MLFLOW), *QUICK, *LOCAL_MODE, "--tracking-uri",
+        **{f"node{rank}": [*niced, *launcher, "--node-rank", str(rank), "--", *SMOKE] for rank in (0, 1)},
+        "ray_ddp": [*niced, sys.executable, str(ROOT / RAY_DDP), *SMOKE, *LOCAL_MODE],
+        "fsdp1": [*niced, sys.executable, str(ROOT / "03-ray-train-fsdp/train_ray_fsdp.py"), *SMOKE, *LOCAL_MODE],
+        "fsdp2": [*niced, sys.executable, str(ROOT / RAY_FSDP2), *SMOKE, *LOCAL_MODE],
+        "mlflow": [*niced, sys.executable, str(ROOT / MLFLOW), *SMOKE, *LOCAL_MODE, "--tracking-uri",
                    f"sqlite:///{runs.folder / 'mlflow.db'}"],
     }
     for name, cmd in commands.items():
@@ -85,19 +82,20 @@ def background(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def inference(background, ray_cluster):
-    """Step 06 on step 01's checkpoint, in the background: started before the sweep, its actor takes the cluster's
-    CPU that the sweep's one worker leaves free, and the two run side by side."""
-    _, checkpoint_dir = background.finish("single")
+def inference(background, ray_cluster, single_run):
+    """Step 06 on step 01's checkpoint (conftest's single_run, which step 01's tests check too), in the background:
+    started before the sweep, its actor takes the cluster's CPU that the sweep's one worker leaves free, and the two
+    run side by side."""
+    checkpoint_dir = single_run[1]
     background.start("inference", [sys.executable, str(ROOT / INFERENCE), "--checkpoint", str(checkpoint_dir),
-                                   "--data", "synthetic", "--eval-images", str(SMOKE_EVAL_IMAGES), "--address",
+                                   "--data", "synthetic", "--eval-images", str(EVAL_IMAGES), "--address",
                                    ray_cluster, "--out", str(background.folder / "inference")])
     return background
 
 
 # The runs on the cluster first: the background runs go on meanwhile.
 def test_ray_data_feeds_two_workers_on_two_nodes(background, ray_cluster, tmp_path):
-    result = ray_script(RAY_DATA, ray_cluster, tmp_path, "--eval-images", str(SMOKE_EVAL_IMAGES))
+    result = ray_script(RAY_DATA, ray_cluster, tmp_path)
     summary = final_json(result)
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
     assert summary["nodes"] == 2 and result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
@@ -114,7 +112,7 @@ def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, ear
         (report, sweep, _), samples, epochs = early_runs[finished_sweep].result(), 3, 3
     else:
         sweep, samples, epochs = tmp_path, 1, 1
-        report = final_json(python(TUNE, *QUICK, "--epochs", str(epochs), "--num-workers", "1", "--num-samples",
+        report = final_json(python(TUNE, *SMOKE, "--epochs", str(epochs), "--num-workers", "1", "--num-samples",
                                    str(samples), "--address", ray_cluster, "--checkpoint-dir", str(sweep / "runs"),
                                    "--out", str(sweep / "out")))
     assert len(report["trials"]) == samples
@@ -123,16 +121,15 @@ def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, ear
     assert (sweep / "out" / "validation_accuracy.png").stat().st_size > 0
 
 
-def test_batch_inference_reproduces_the_single_machine_runs_accuracy(inference):
-    (run, _), (result, out) = inference.finish("single"), inference.finish("inference")
-    assert final_json(result)["accuracy"] == final_json(run)["test_accuracy"]  # the same images and weights
-    assert len(pd.read_parquet(out / "predictions")) == SMOKE_EVAL_IMAGES  # one prediction per image
+def test_batch_inference_reproduces_the_single_machine_runs_accuracy(inference, single_run):
+    result, out = inference.finish("inference")
+    assert final_json(result)["accuracy"] == single_run[0]["test_accuracy"]  # the same images and weights
+    assert len(pd.read_parquet(out / "predictions")) == EVAL_IMAGES  # one prediction per image
 
 
 # Then the background runs, most of them finished by now.
-def test_single_machine_trains_and_writes_a_checkpoint_that_loads(background):
-    result, checkpoint_dir = background.finish("single")
-    summary = final_json(result)
+def test_single_machine_trains_and_writes_a_checkpoint_that_loads(single_run):
+    summary, checkpoint_dir, _ = single_run
     assert_sane_summary(summary, "single_machine", world_size=1)
     build_model("tiny").load_state_dict(checkpoint_weights(checkpoint_dir))
 
