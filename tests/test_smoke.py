@@ -2,11 +2,12 @@
 suite's shared runs crash and restart, resume, accumulate and profile; these do none of that.
 
 The two cores are the limit, so the runs overlap. Those that need no Ray cluster (step 01 through the multi-node
-launcher; step 02, its MLflow variant, 03 and 04 in Ray Train's local mode) start together, in the background, niced,
+launcher; step 02's MLflow variant, steps 03 and 04 in Ray Train's local mode) start together, in the background, niced,
 when the first test here asks for them. Step 01 on one process is conftest's single_run, which step 01's tests check
-too. The runs on the two-node test cluster come first: step 02 with Ray Data on both nodes' CPUs, then the sweep's
-one worker and step 06's one actor (on single_run's checkpoint) side by side (in the full suite, the sweep is step
-05's, which its tests share)."""
+too. The runs on the two-node test cluster come first: the sweep's one worker and step 06's one actor (on
+single_run's checkpoint) side by side (in the full suite, the sweep is step 05's, which its tests share). The tier
+has two more tests, each a script's main() in the test process: step 02 in local mode (test_step02.py), and step 02
+with Ray Data on both nodes' CPUs (test_step02_ray_data.py, with the checks of its shards)."""
 import os
 import subprocess
 import sys
@@ -16,16 +17,15 @@ import pandas as pd
 import pytest
 
 from common import build_model
-from conftest import (EVAL_IMAGES, RAY_DDP, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
-                      checkpoint_weights, final_json, finished_sweep, free_port, latest_ray_checkpoint, python,
-                      ray_script, start)
+from conftest import (EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
+                      checkpoint_weights, final_json, finished_sweep, free_port, python,
+                      start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
 LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 MLFLOW = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
 INFERENCE = "06-ray-data-inference/batch_inference.py"
-RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 FINISH_TIMEOUT = 240  # s: the background runs share the 2 cores with each other and with the cluster's runs
 
 
@@ -68,7 +68,6 @@ def background(tmp_path_factory):
     niced = ["nice", "-n", "19"]
     commands = {
         **{f"node{rank}": [*niced, *launcher, "--node-rank", str(rank), "--", *SMOKE] for rank in (0, 1)},
-        "ray_ddp": [*niced, sys.executable, str(ROOT / RAY_DDP), *SMOKE, *LOCAL_MODE],
         "fsdp1": [*niced, sys.executable, str(ROOT / "03-ray-train-fsdp/train_ray_fsdp.py"), *SMOKE, *LOCAL_MODE],
         "fsdp2": [*niced, sys.executable, str(ROOT / RAY_FSDP2), *SMOKE, *LOCAL_MODE],
         "mlflow": [*niced, sys.executable, str(ROOT / MLFLOW), *SMOKE, *LOCAL_MODE, "--tracking-uri",
@@ -94,16 +93,6 @@ def inference(background, ray_cluster, single_run):
 
 
 # The runs on the cluster first: the background runs go on meanwhile.
-def test_ray_data_feeds_two_workers_on_two_nodes(background, ray_cluster, tmp_path):
-    result = ray_script(RAY_DATA, ray_cluster, tmp_path)
-    summary = final_json(result)
-    assert_sane_summary(summary, "ray_ddp_data", world_size=2)
-    assert summary["nodes"] == 2 and result.stdout.count("parameters | data:") == 1  # rank 0 alone prints
-    best = max(summary["history"], key=lambda epoch: epoch["test_accuracy"])
-    assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in result.stdout
-    build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path)))
-
-
 def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, early_runs, tmp_path):
     """Alone, the smoke tier sweeps one trial (the recipe's flags): each trial starts three processes (Tune's, Ray
     Train's controller, the worker), the tier's largest cost. In the full suite, step 05's sweep (3 trials, ASHA
@@ -144,9 +133,10 @@ def test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints(background):
     assert (checkpoint_dir / "checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("name, step", [("ray_ddp", "ray_ddp"), ("fsdp1", "ray_fsdp"), ("fsdp2", "ray_fsdp2")])
+@pytest.mark.parametrize("name, step", [("fsdp1", "ray_fsdp"), ("fsdp2", "ray_fsdp2")])
 def test_ray_steps_train_in_local_mode(background, name, step):
-    """Ray Train's local mode: the training function in the script's own process, no Ray cluster, no checkpoint."""
+    """Ray Train's local mode: the training function in the script's own process, no Ray cluster, no checkpoint.
+    Step 02's, in the test process, is test_step02.py's (in the smoke tier too)."""
     result, checkpoint_dir = background.finish(name)
     assert_sane_summary(final_json(result), step, world_size=1)
     assert not checkpoint_dir.exists() or not any(checkpoint_dir.iterdir())

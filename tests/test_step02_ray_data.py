@@ -1,21 +1,27 @@
-"""Step 02 fed by Ray Data: the same training, reading a Ray Dataset on a two-node Ray cluster. (The variant's run
-from its command line is the smoke tier's.)"""
+"""Step 02 fed by Ray Data: the same training, reading a Ray Dataset on a two-node Ray cluster."""
+import builtins
 import json
+import sys
 
+import pytest
+import ray
 import ray.train
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 
-from common import augment_batch, load_data
-from conftest import SMOKE, load_script, parse_only
+from common import augment_batch, build_model, load_data
+from conftest import (SMOKE, assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint,
+                      load_script)
 
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 
 
-def test_each_worker_trains_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, tmp_path):
-    """The script's own train_func on its own dataset (train_dataset), 2 workers, SMOKE's 2 epochs of 6 steps: every
-    sample id that reaches augment_batch, noted per worker and epoch. The two workers never share an image, none sees
-    one twice in an epoch, both train on as many, and each sees a new order every epoch."""
+@pytest.mark.smoke
+def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """The script's main() on the two-node test cluster, as its command line runs it (in this process, already the
+    cluster's driver: the smoke tier's run of the variant), SMOKE's 2 epochs of 6 steps on 2 workers, every sample
+    id that reaches augment_batch noted per worker and epoch. It trains on both nodes and calls its best checkpoint
+    by that epoch's accuracy, a checkpoint that loads. The two workers never share an image, none sees one twice in
+    an epoch, both train on as many, and each sees a new order every epoch."""
     script = load_script(RAY_DATA)
 
     def augment_and_note(images, ids, epoch, seed):  # shipped to the workers with train_func, by value
@@ -23,17 +29,26 @@ def test_each_worker_trains_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_d
             notes.write(json.dumps([epoch, ids.tolist()]) + "\n")
         return augment_batch(images, ids, epoch, seed)
 
-    script.augment_batch = augment_and_note
-    _, args = parse_only(RAY_DATA, *SMOKE, "--checkpoint-dir", str(tmp_path / "runs"))
-    TorchTrainer(script.train_func, train_loop_config=vars(args),
-                 datasets={"train": script.train_dataset(load_data("synthetic", ""), args.seed)},
-                 scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    monkeypatch.setattr(script, "augment_batch", augment_and_note)
+    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
+    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after: Ray's progress bars patch print
+    monkeypatch.setattr(sys, "argv", [RAY_DATA, *SMOKE, "--num-workers", "2", "--address", ray_driver,
+                                      "--checkpoint-dir", str(tmp_path / "runs")])
+    script.main()
+    stdout = capsys.readouterr().out
+    summary = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    assert_sane_summary(summary, "ray_ddp_data", world_size=2)
+    assert summary["nodes"] == 2
+    best = best_epoch(summary["history"])
+    assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in stdout
+    build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path / "runs")))
+
     seen = {}  # (rank, epoch): the ids in the order trained
     for rank in (0, 1):
         for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
             epoch, ids = json.loads(line)
             seen.setdefault((rank, epoch), []).extend(ids)
-    per_worker = args.steps_per_epoch * args.batch_size // 2
+    per_worker = 6 * 32 // 2  # SMOKE's steps per epoch x batch size, over 2 workers
     for epoch in (0, 1):
         a, b = seen[0, epoch], seen[1, epoch]
         assert len(a) == len(b) == per_worker and not set(a) & set(b)  # as many each, disjoint
