@@ -43,9 +43,9 @@ def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_a
                                                                                        tmp_path, step06):
     summary, storage, _ = ray_run
     run = latest_ray_checkpoint(storage).parent
-    # The images the run evaluated, 100 per call: the last call gets 56. Two actors, one on each node of the cluster.
+    # The images the run evaluated, 48 per call: the last call gets 16. Two actors, one on each node of the cluster.
     result = infer(ray_cluster, tmp_path, "--checkpoint", str(run), "--data", "synthetic", "--eval-images",
-                   str(EVAL_IMAGES), "--actors", "2", "--batch-size", "100")
+                   str(EVAL_IMAGES), "--actors", "2", "--batch-size", "48")
     inference = final_json(result)
     history = summary["history"]
     best = best_epoch(history)
@@ -59,14 +59,14 @@ def test_a_step02_run_is_inspected_and_its_best_checkpoint_reproduces_the_runs_a
     assert inference["counted"] == EVAL_IMAGES == inference["images"]
     assert (table["predicted"] == table["label"]).sum() == inference["correct"]
     assert table["predicted_class"].tolist() == [step06.CLASSES[p] for p in table["predicted"]]
-    # Each row's class and probability are the best checkpoint's own prediction for its image (the first 64: seconds).
+    # Each row's class and probability are the best checkpoint's own prediction for its image.
     model = build_model("tiny")
     model.load_state_dict(torch.load(Path(best_checkpoint(result.stdout)) / "checkpoint.pt",
                                      weights_only=True)["model"])
     with torch.no_grad():
-        probability, predicted = predict(model.eval(), load_data("synthetic", "").test_images[:64]).max(1)
-    assert table["predicted"][:64].tolist() == predicted.tolist()
-    np.testing.assert_allclose(table["probability"][:64], probability.numpy(), rtol=1e-5)
+        probability, predicted = predict(model.eval(), load_data("synthetic", "").test_images[:EVAL_IMAGES]).max(1)
+    assert table["predicted"].tolist() == predicted.tolist()
+    np.testing.assert_allclose(table["probability"], probability.numpy(), rtol=1e-5)
     per_class = table.assign(hit=table["predicted"] == table["label"]).groupby("label")["hit"].mean()
     assert list(inference["per_class_accuracy"].values()) == pytest.approx(per_class.tolist())
     assert_png(tmp_path / "confusion_matrix.png", 500)
