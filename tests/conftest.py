@@ -47,6 +47,9 @@ ROUNDING = 1e-4
 # No usage report from the tests' Ray (this machine may be offline), and no actor started in every Ray Data run to
 # collect one: a process fewer for the 2 cores.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Nor a preemption watcher per worker group (an actor that waits for a cloud node's notice of preemption): none comes
+# here, and each cost 1.3 core-seconds. The scripts turn it off themselves on a Ray they start (--address local).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def load_script(path: str):
