@@ -102,7 +102,8 @@ def find_run(uri: str, ray_run: str | None):
 
 class mlflow_ui:
     """`mlflow ui` against the store, on a free local port, in its own process group (its server's workers too),
-    ended on exit. One worker: the default 4 start slowly on a small machine and are restarted while they do."""
+    ended on exit. One worker: the default 4 start slowly on a small machine and are restarted while they do. No job
+    runner (MLflow's background jobs, its own processes, about 11 core-seconds here): showing a run needs none."""
 
     def __init__(self, uri: str, log: Path, timeout: float):
         self.uri, self.log, self.timeout = uri, log, timeout
@@ -114,6 +115,7 @@ class mlflow_ui:
         cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", self.uri, "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]
         self.process = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                                         start_new_session=True)
         base = f"http://127.0.0.1:{port}/"
         deadline = time.monotonic() + self.timeout
