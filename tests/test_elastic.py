@@ -18,13 +18,13 @@ from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, che
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides a few seconds
 # after the node returns (RESIZE_CHECK_INTERVAL_S and TICK_S below); then 2 again to the end. Short epochs (3 steps,
-# evaluated on 128 images), paced by the controller's poll: a worker's report waits for the poll that takes the one
-# before, so one epoch per poll at most, on a fast machine as on a loaded one. On a 2-core Zen 5 the group grew back
-# 12 s after the node returned, its 1 worker having trained 1 epoch; 10 epochs leave room for 6 on 1 worker, so the
-# run cannot end before the group grows back on a slower machine either.
+# evaluated on SMOKE's 64 images), paced by the controller's poll: a worker's report waits for the poll that takes
+# the one before, so one epoch per poll at most, on a fast machine as on a loaded one. On a 2-core Zen 5 the group
+# grew back 12 s after the node returned, its 1 worker having trained 1 epoch; 10 epochs leave room for 6 on 1
+# worker, so the run cannot end before the group grows back on a slower machine either.
 EPOCHS = 10
 POLL_S = 3
-TRAINING = [*SMOKE, "--epochs", str(EPOCHS), "--steps-per-epoch", "3", "--eval-images", "128"]
+TRAINING = [*SMOKE, "--epochs", str(EPOCHS), "--steps-per-epoch", "3"]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"  # the same training on one process, fixed
 RESIZE_CHECK_INTERVAL_S = 1  # Ray's default is 60 s: the group would grow back a minute after the node returns
 # Ray Data's autoscaling coordinator, which tells Ray Train's elastic policy what the cluster holds, looks every 20 s
