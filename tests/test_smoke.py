@@ -17,9 +17,8 @@ import pandas as pd
 import pytest
 
 from common import build_model
-from conftest import (EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
-                      checkpoint_weights, final_json, finished_sweep, free_port, python,
-                      start)
+from conftest import (EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary, checkpoint_weights, final_json,
+                      finished_sweep, free_port, python, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]

@@ -9,7 +9,7 @@ import ray.train
 
 from common import augment_batch, build_model, load_data
 from conftest import (SMOKE, assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint,
-                      load_script)
+                      load_script, parse_only)
 
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 
@@ -38,7 +38,7 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
     stdout = capsys.readouterr().out
     summary = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
-    assert summary["nodes"] == 2
+    assert summary["nodes"] == 2 and stdout.count("parameters | data:") == 1  # rank 0 alone prints its header
     best = best_epoch(summary["history"])
     assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in stdout
     build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path / "runs")))
@@ -48,7 +48,8 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
         for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
             epoch, ids = json.loads(line)
             seen.setdefault((rank, epoch), []).extend(ids)
-    per_worker = 6 * 32 // 2  # SMOKE's steps per epoch x batch size, over 2 workers
+    _, args = parse_only(RAY_DATA, *SMOKE)
+    per_worker = args.steps_per_epoch * args.batch_size // 2
     for epoch in (0, 1):
         a, b = seen[0, epoch], seen[1, epoch]
         assert len(a) == len(b) == per_worker and not set(a) & set(b)  # as many each, disjoint
