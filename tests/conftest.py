@@ -122,7 +122,8 @@ def run_main(capsys, monkeypatch):
 def main_summary(capsys, monkeypatch):
     """Runs a script's main() in this process, as its command line would, to the end: its JSON summary (the last
     line of stdout) and its stdout. For checks that need no new interpreter, or that look inside this process."""
-    def main_summary(script, *flags):
+    def main_summary(script, *flags, module=None):
+        """module: the script already loaded (load_script), for a run with some of its functions replaced."""
         monkeypatch.setattr(sys, "argv", [script, *flags])
         # What a run may change in its process, restored after: the environment (local mode sets torchrun's),
         # print (Ray's tqdm_ray patches it), and the thread count, 1 as in the subprocesses (the same rounding).
@@ -130,7 +131,7 @@ def main_summary(capsys, monkeypatch):
         environment, threads = dict(os.environ), torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            load_script(script).main()
+            (module or load_script(script)).main()
         finally:
             os.environ.clear()
             os.environ.update(environment)

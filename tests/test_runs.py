@@ -1,7 +1,6 @@
 """Which checkpoints a Ray run keeps and calls its best (steps 02 to 04, and step 06, which classifies with the best),
 and which run --resume continues when the checkpoint folder holds several (every Ray step: ray_setup.run_name)."""
 import argparse
-import builtins
 import json
 import os
 import subprocess
@@ -69,8 +68,9 @@ def scripted_training(accuracies=tuple(ACCURACIES)):
     return scripted_run
 
 
-def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_with_the_best(ray_driver, tmp_path,
-                                                                                          monkeypatch, capsys):
+def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_with_the_best(ray_driver, main_summary,
+                                                                                          tmp_path, monkeypatch,
+                                                                                          capsys):
     """Step 02's main() with a scripted training function: Ray keeps the checkpoints of epochs 2 and 4 (the two most
     accurate), the run names epoch 2's its best, and step 06, given the run, picks epoch 2's. Steps 02 (Ray Data),
     03 and 04 build the same CheckpointConfig, so they keep and pick the same."""
@@ -79,12 +79,8 @@ def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_wit
 
     step02 = load_script(RAY_DDP)
     monkeypatch.setattr(step02, "train_func", scripted_training())
-    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after: Ray's progress bars patch print
-    monkeypatch.setattr(sys, "argv", [RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "4",
-                                      "--num-workers", "1", "--address", ray_driver,
-                                      "--checkpoint-dir", str(tmp_path / "scripted")])
-    step02.main()
-    stdout = capsys.readouterr().out
+    _, stdout = main_summary(RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "4", "--num-workers", "1",
+                             "--address", ray_driver, "--checkpoint-dir", str(tmp_path / "scripted"), module=step02)
     [run] = (tmp_path / "scripted").iterdir()
     kept = {int((checkpoint / "epoch.txt").read_text()): checkpoint for checkpoint in run.glob("checkpoint_*/")}
     assert sorted(kept) == [2, 4]
@@ -95,21 +91,18 @@ def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_wit
     assert f"best checkpoint by test accuracy: {kept[2]} (epoch 2, test acc 50.00%)" in capsys.readouterr().out
 
 
-def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(ray_driver, tmp_path, monkeypatch,
-                                                                                 capsys):
+def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(ray_driver, main_summary, tmp_path,
+                                                                                 monkeypatch):
     """Scored on few images, two epochs often tie: the tests' best_epoch must name the epoch Ray calls best (a test
     that took the first of a tie failed now and then)."""
     monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
     step02 = load_script(RAY_DDP)
     monkeypatch.setattr(step02, "train_func", scripted_training((0.25, 0.5, 0.5)))
-    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after: Ray's progress bars patch print
-    monkeypatch.setattr(sys, "argv", [RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "3",
-                                      "--num-workers", "1", "--address", ray_driver,
-                                      "--checkpoint-dir", str(tmp_path)])
-    step02.main()
+    _, stdout = main_summary(RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "3", "--num-workers", "1",
+                             "--address", ray_driver, "--checkpoint-dir", str(tmp_path), module=step02)
     history = [dict(epoch=epoch, test_accuracy=accuracy) for epoch, accuracy in enumerate((0.25, 0.5, 0.5), 1)]
     assert best_epoch(history)["epoch"] == 3
-    assert "(epoch 3, test acc 50.00%)" in capsys.readouterr().out
+    assert "(epoch 3, test acc 50.00%)" in stdout
 
 
 def test_two_runs_started_in_the_same_second_get_two_names(tmp_path, monkeypatch):

@@ -1,7 +1,5 @@
 """Step 02 fed by Ray Data: the same training, reading a Ray Dataset on a two-node Ray cluster."""
-import builtins
 import json
-import sys
 
 import pytest
 import ray
@@ -15,8 +13,8 @@ RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 
 
 @pytest.mark.smoke
-def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, tmp_path,
-                                                                                          monkeypatch, capsys):
+def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, main_summary,
+                                                                                          tmp_path, monkeypatch):
     """The script's main() on the two-node test cluster, as its command line runs it (in this process, already the
     cluster's driver: the smoke tier's run of the variant), SMOKE's 2 epochs of 6 steps on 2 workers, every sample
     id that reaches augment_batch noted per worker and epoch. It trains on both nodes and calls its best checkpoint
@@ -31,14 +29,10 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
 
     monkeypatch.setattr(script, "augment_batch", augment_and_note)
     monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
-    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after: Ray's progress bars patch print
-    monkeypatch.setattr(sys, "argv", [RAY_DATA, *SMOKE, "--num-workers", "2", "--address", ray_driver,
-                                      "--checkpoint-dir", str(tmp_path / "runs")])
-    script.main()
-    stdout = capsys.readouterr().out
-    summary = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    summary, stdout = main_summary(RAY_DATA, *SMOKE, "--num-workers", "2", "--address", ray_driver,
+                                   "--checkpoint-dir", str(tmp_path / "runs"), module=script)
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
-    assert summary["nodes"] == 2 and stdout.count("parameters | data:") == 1  # rank 0 alone prints its header
+    assert summary["nodes"] == 2
     best = best_epoch(summary["history"])
     assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in stdout
     build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path / "runs")))
