@@ -1,13 +1,14 @@
 """The smoke tier (`python -m pytest -m smoke`): every script end to end once, as cheaply as it runs. The full
 suite's shared runs crash and restart, resume, accumulate and profile; these do none of that.
 
-The two cores are the limit, so the runs overlap. Those that need no Ray cluster (step 01 through the multi-node
-launcher; step 02's MLflow variant, steps 03 and 04 in Ray Train's local mode) start together, in the background, niced,
-when the first test here asks for them. Step 01 on one process is conftest's single_run, which step 01's tests check
-too. The runs on the two-node test cluster come first: the sweep's one worker and step 06's one actor (on
-single_run's checkpoint) side by side (in the full suite, the sweep is step 05's, which its tests share). The tier
-has two more tests, each a script's main() in the test process: step 02 in local mode (test_step02.py), and step 02
-with Ray Data on both nodes' CPUs (test_step02_ray_data.py, with the checks of its shards)."""
+The two cores are the limit, so the runs overlap. Step 01 through the multi-node launcher needs no Ray cluster: its
+two "nodes" start in the background, niced, when the first test here asks for them. Step 01 on one process is
+conftest's single_run, which step 01's tests check too. The runs on the two-node test cluster come first: the sweep's
+one worker and step 06's one actor (on single_run's checkpoint) side by side (in the full suite, the sweep is step
+05's, which its tests share). Steps 03, 04 and step 02's MLflow variant train in Ray Train's local mode, each a
+script's main() in the test process (an interpreter that imports torch and Ray costs more than such a run trains).
+The tier has two more tests, each a script's main() in the test process: step 02 in local mode (test_step02.py), and
+step 02 with Ray Data on both nodes' CPUs (test_step02_ray_data.py, with the checks of its shards)."""
 import os
 import subprocess
 import sys
@@ -18,12 +19,13 @@ import pytest
 
 from common import build_model
 from conftest import (EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary, checkpoint_weights, final_json,
-                      finished_sweep, free_port, python, start)
+                      finished_sweep, forbid_ray, free_port, python, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
 LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 MLFLOW = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
+RAY_FSDP1 = "03-ray-train-fsdp/train_ray_fsdp.py"
 INFERENCE = "06-ray-data-inference/batch_inference.py"
 FINISH_TIMEOUT = 240  # s: the background runs share the 2 cores with each other and with the cluster's runs
 
@@ -56,7 +58,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def background(tmp_path_factory):
-    """Starts every run that needs no Ray cluster."""
+    """Starts the multi-node launcher's two "nodes"."""
     runs = Runs(tmp_path_factory.mktemp("smoke"))
     endpoint = f"127.0.0.1:{free_port()}"
     launcher = ["bash", str(ROOT / LAUNCHER), "--nnodes", "2", "--endpoint", endpoint, "--nproc-per-node", "1"]
@@ -64,17 +66,9 @@ def background(tmp_path_factory):
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     # Niced: the cluster's runs are the tier's critical path (Ray runs its workers at nice 15), and these fill the
     # gaps while those wait on Ray.
-    niced = ["nice", "-n", "19"]
-    commands = {
-        **{f"node{rank}": [*niced, *launcher, "--node-rank", str(rank), "--", *SMOKE] for rank in (0, 1)},
-        "fsdp1": [*niced, sys.executable, str(ROOT / "03-ray-train-fsdp/train_ray_fsdp.py"), *SMOKE, *LOCAL_MODE],
-        "fsdp2": [*niced, sys.executable, str(ROOT / RAY_FSDP2), *SMOKE, *LOCAL_MODE],
-        "mlflow": [*niced, sys.executable, str(ROOT / MLFLOW), *SMOKE, *LOCAL_MODE, "--tracking-uri",
-                   f"sqlite:///{runs.folder / 'mlflow.db'}"],
-    }
-    for name, cmd in commands.items():
-        runs.start(name, [*cmd, "--checkpoint-dir", str(runs.folder / name)],
-                   env=path if name.startswith("node") else None)
+    for rank in (0, 1):
+        runs.start(f"node{rank}", ["nice", "-n", "19", *launcher, "--node-rank", str(rank), "--", *SMOKE,
+                                   "--checkpoint-dir", str(runs.folder / f"node{rank}")], env=path)
     yield runs
     runs.stop()
 
@@ -132,22 +126,28 @@ def test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints(background):
     assert (checkpoint_dir / "checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("name, step", [("fsdp1", "ray_fsdp"), ("fsdp2", "ray_fsdp2")])
-def test_ray_steps_train_in_local_mode(background, name, step):
-    """Ray Train's local mode: the training function in the script's own process, no Ray cluster, no checkpoint.
-    Step 02's, in the test process, is test_step02.py's (in the smoke tier too)."""
-    result, checkpoint_dir = background.finish(name)
-    assert_sane_summary(final_json(result), step, world_size=1)
-    assert not checkpoint_dir.exists() or not any(checkpoint_dir.iterdir())
+@pytest.mark.parametrize("script, step", [(RAY_FSDP1, "ray_fsdp"), (RAY_FSDP2, "ray_fsdp2")])
+def test_ray_steps_train_in_local_mode(script, step, main_summary, monkeypatch, tmp_path):
+    """Ray Train's local mode: the training function in the script's own process, no Ray, no checkpoint. Step 02's
+    is test_step02.py's (in the smoke tier too)."""
+    forbid_ray(monkeypatch, "in local mode")
+    summary, _ = main_summary(script, *SMOKE, *LOCAL_MODE, "--checkpoint-dir", str(tmp_path))
+    assert_sane_summary(summary, step, world_size=1)
+    assert not any(tmp_path.iterdir())
 
 
-def test_tracked_variant_logs_every_epoch_in_local_mode(background):
-    from mlflow import MlflowClient
+def test_tracked_variant_logs_every_epoch_in_local_mode(main_summary, monkeypatch, tmp_path):
+    import mlflow
 
-    result, _ = background.finish("mlflow")
-    summary = final_json(result)
+    forbid_ray(monkeypatch, "in local mode")
+    store, previous = f"sqlite:///{tmp_path / 'mlflow.db'}", mlflow.get_tracking_uri()
+    try:
+        summary, _ = main_summary(MLFLOW, *SMOKE, *LOCAL_MODE, "--tracking-uri", store, "--checkpoint-dir",
+                                  str(tmp_path / "runs"))
+    finally:
+        mlflow.set_tracking_uri(previous)  # the variant sets this process's
     assert_sane_summary(summary, "ray_ddp_mlflow", world_size=1)
-    client = MlflowClient(result.args[result.args.index("--tracking-uri") + 1])
+    client = mlflow.MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("ray_ddp_mlflow").experiment_id])
     logged = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
     assert logged == [(h["epoch"], h["test_accuracy"]) for h in summary["history"]]
