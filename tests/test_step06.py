@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import ray
 import torch
 from PIL import Image
 
@@ -150,17 +151,18 @@ def write_image_folder(folder: Path) -> list[Path]:
     return [(folder / name).resolve() for name in sizes]
 
 
-def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_line(ray_cluster, fsdp2_run,
-                                                                                     tmp_path, step06):
+def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_line(ray_driver, main_summary, fsdp2_run,
+                                                                                     monkeypatch, tmp_path, step06):
+    """The script's main() in this process, already the test cluster's driver (no interpreter to start)."""
     images = write_image_folder(tmp_path / "photos")
     model_pt = latest_ray_checkpoint(fsdp2_run[1]) / "model.pt"
     out = tmp_path / "out"
-    result = infer(ray_cluster, out, "--checkpoint", str(model_pt), "--images", str(tmp_path / "photos"),
-                   "--batch-size", "3")
-    inference = final_json(result)
+    monkeypatch.setattr(ray, "init", lambda **options: None)
+    inference, stdout = main_summary(INFER, "--address", ray_driver, "--out", str(out), "--checkpoint", str(model_pt),
+                                     "--images", str(tmp_path / "photos"), "--batch-size", "3")
     table = pd.read_parquet(out / "predictions")
     assert sorted(table["path"]) == sorted(map(str, images)) and inference["images"] == len(images)
-    skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
+    skipped = [line for line in stdout.splitlines() if "skipped" in line]
     assert skipped == ["skipped 2 file(s) that Pillow cannot read as images: broken.png, notes.txt"]
     assert "label" not in table and "accuracy" not in inference and not (out / "confusion_matrix.png").exists()
     assert_png(out / "samples.png", 500)
