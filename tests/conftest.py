@@ -153,16 +153,22 @@ def main_error(run_main):
 
 
 @pytest.fixture
-def cluster_main_error(ray_driver, main_error, monkeypatch):
-    """main_error for errors found once a Ray script has connected (--actors or --num-workers larger than the
-    cluster): its main() runs in this process, already a driver on the test cluster, so its ray.init is skipped
-    and its checks ask that cluster. A new interpreter would spend 8-11 s importing torch and Ray."""
+def cluster_driver(ray_driver, monkeypatch) -> str:
+    """The test cluster's address, for a Ray script's main() run in this process (main_summary, main_error), a
+    driver on that cluster already: the script's ray.init is skipped, and what it asks Ray, that cluster answers. A
+    new interpreter would spend 8-11 s importing torch and Ray."""
     import ray
 
     monkeypatch.setattr(ray, "init", lambda **options: None)
+    return ray_driver
 
+
+@pytest.fixture
+def cluster_main_error(cluster_driver, main_error):
+    """main_error for errors found once a Ray script has connected (--actors or --num-workers larger than the
+    cluster), on the test cluster (cluster_driver)."""
     def cluster_main_error(script, *flags) -> str:
-        return main_error(script, *flags, "--address", ray_driver)
+        return main_error(script, *flags, "--address", cluster_driver)
     return cluster_main_error
 
 

@@ -26,17 +26,16 @@ class Built(Exception):
     """Raised by a stand-in TorchTrainer, to stop a step's main() once it has built its trainer."""
 
 
-def run_configs(monkeypatch, ray_driver, tmp_path) -> dict:
+def run_configs(monkeypatch, cluster_driver, tmp_path) -> dict:
     """Each Ray step's RunConfig as its main() builds it, on the test cluster; nothing trains."""
     def record(train_func, **options):
         raise Built(options["run_config"])
 
-    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
     configs = {}
     for script in RAY_STEPS:
         module = load_script(script)
         monkeypatch.setattr(module, "TorchTrainer", record)
-        monkeypatch.setattr(sys, "argv", [script, "--data", "synthetic", "--model", "tiny", "--address", ray_driver,
+        monkeypatch.setattr(sys, "argv", [script, "--data", "synthetic", "--model", "tiny", "--address", cluster_driver,
                                           "--checkpoint-dir", str(tmp_path / Path(script).stem)])
         with pytest.raises(Built) as built:
             module.main()
@@ -68,19 +67,19 @@ def scripted_training(accuracies=tuple(ACCURACIES)):
     return scripted_run
 
 
-def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_with_the_best(ray_driver, main_summary,
+def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_with_the_best(cluster_driver, main_summary,
                                                                                           tmp_path, monkeypatch,
                                                                                           capsys):
     """Step 02's main() with a scripted training function: Ray keeps the checkpoints of epochs 2 and 4 (the two most
     accurate), the run names epoch 2's its best, and step 06, given the run, picks epoch 2's. Steps 02 (Ray Data),
     03 and 04 build the same CheckpointConfig, so they keep and pick the same."""
-    configs = run_configs(monkeypatch, ray_driver, tmp_path)
+    configs = run_configs(monkeypatch, cluster_driver, tmp_path)
     assert len({repr(config.checkpoint_config) for config in configs.values()}) == 1, configs
 
     step02 = load_script(RAY_DDP)
     monkeypatch.setattr(step02, "train_func", scripted_training())
     _, stdout = main_summary(RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "4", "--num-workers", "1",
-                             "--address", ray_driver, "--checkpoint-dir", str(tmp_path / "scripted"), module=step02)
+                             "--address", cluster_driver, "--checkpoint-dir", str(tmp_path / "scripted"), module=step02)
     [run] = (tmp_path / "scripted").iterdir()
     kept = {int((checkpoint / "epoch.txt").read_text()): checkpoint for checkpoint in run.glob("checkpoint_*/")}
     assert sorted(kept) == [2, 4]
@@ -91,15 +90,14 @@ def test_a_run_keeps_its_two_most_accurate_checkpoints_and_step06_classifies_wit
     assert f"best checkpoint by test accuracy: {kept[2]} (epoch 2, test acc 50.00%)" in capsys.readouterr().out
 
 
-def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(ray_driver, main_summary, tmp_path,
+def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(cluster_driver, main_summary, tmp_path,
                                                                                  monkeypatch):
     """Scored on few images, two epochs often tie: the tests' best_epoch must name the epoch Ray calls best (a test
     that took the first of a tie failed now and then)."""
-    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
     step02 = load_script(RAY_DDP)
     monkeypatch.setattr(step02, "train_func", scripted_training((0.25, 0.5, 0.5)))
     _, stdout = main_summary(RAY_DDP, "--data", "synthetic", "--model", "tiny", "--epochs", "3", "--num-workers", "1",
-                             "--address", ray_driver, "--checkpoint-dir", str(tmp_path), module=step02)
+                             "--address", cluster_driver, "--checkpoint-dir", str(tmp_path), module=step02)
     history = [dict(epoch=epoch, test_accuracy=accuracy) for epoch, accuracy in enumerate((0.25, 0.5, 0.5), 1)]
     assert best_epoch(history)["epoch"] == 3
     assert "(epoch 3, test acc 50.00%)" in stdout

@@ -13,8 +13,9 @@ RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 
 
 @pytest.mark.smoke
-def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch(ray_driver, main_summary,
-                                                                                          tmp_path, monkeypatch):
+def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch(cluster_driver,
+                                                                                          main_summary, tmp_path,
+                                                                                          monkeypatch):
     """The script's main() on the two-node test cluster, as its command line runs it (in this process, already the
     cluster's driver: the smoke tier's run of the variant), SMOKE's 2 epochs of 6 steps on 2 workers, every sample
     id that reaches augment_batch noted per worker and epoch. It trains on both nodes and calls its best checkpoint
@@ -28,8 +29,7 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
         return augment_batch(images, ids, epoch, seed)
 
     monkeypatch.setattr(script, "augment_batch", augment_and_note)
-    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is already the cluster's driver
-    summary, stdout = main_summary(RAY_DATA, *SMOKE, "--num-workers", "2", "--address", ray_driver,
+    summary, stdout = main_summary(RAY_DATA, *SMOKE, "--num-workers", "2", "--address", cluster_driver,
                                    "--checkpoint-dir", str(tmp_path / "runs"), module=script)
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
     assert summary["nodes"] == 2

@@ -133,7 +133,7 @@ def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_res
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3, 4]
 
 
-def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(ray_driver, monkeypatch,
+def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(cluster_driver, monkeypatch,
                                                                                      tmp_path, capsys):
     """The sweep's main(), in this process on the test cluster, its trial a stand-in for step 02's run that reports
     epoch 1 and then fails as a run out of restarts does: the sweep ends with one line that says to --resume, and
@@ -151,8 +151,7 @@ def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_a
 
     tune_script = load_script(TUNE)
     monkeypatch.setattr(tune_script, "run_trial", trial)
-    monkeypatch.setattr(ray, "init", lambda **options: None)  # this process is the test cluster's driver already
-    flags = [TUNE, *SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", ray_driver,
+    flags = [TUNE, *SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", cluster_driver,
              "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
     monkeypatch.setattr(sys, "argv", flags)
     with pytest.raises(SystemExit) as failed:

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import ray
 import torch
 from PIL import Image
 
@@ -151,15 +150,14 @@ def write_image_folder(folder: Path) -> list[Path]:
     return [(folder / name).resolve() for name in sizes]
 
 
-def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_line(ray_driver, main_summary, fsdp2_run,
-                                                                                     monkeypatch, tmp_path, step06):
-    """The script's main() in this process, already the test cluster's driver (no interpreter to start)."""
+def test_a_folder_of_images_every_image_classified_once_bad_files_named_in_one_line(cluster_driver, main_summary,
+                                                                                     fsdp2_run, tmp_path, step06):
+    """The script's main() in this process, on the test cluster (cluster_driver)."""
     images = write_image_folder(tmp_path / "photos")
     model_pt = latest_ray_checkpoint(fsdp2_run[1]) / "model.pt"
     out = tmp_path / "out"
-    monkeypatch.setattr(ray, "init", lambda **options: None)
-    inference, stdout = main_summary(INFER, "--address", ray_driver, "--out", str(out), "--checkpoint", str(model_pt),
-                                     "--images", str(tmp_path / "photos"), "--batch-size", "3")
+    inference, stdout = main_summary(INFER, "--address", cluster_driver, "--out", str(out), "--checkpoint",
+                                     str(model_pt), "--images", str(tmp_path / "photos"), "--batch-size", "3")
     table = pd.read_parquet(out / "predictions")
     assert sorted(table["path"]) == sorted(map(str, images)) and inference["images"] == len(images)
     skipped = [line for line in stdout.splitlines() if "skipped" in line]
