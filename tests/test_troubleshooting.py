@@ -2,6 +2,7 @@
 are the ones Ray and PyTorch print, and the settings it recommends do what it says. Ray's and PyTorch's behaviour,
 which no change here can break (marked upstream): each test names the entry whose claim it guards."""
 import os
+import re
 
 import pytest
 import ray.train
@@ -9,6 +10,8 @@ import torch
 import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
+
+from conftest import profile_summary
 
 pytestmark = pytest.mark.upstream
 
@@ -51,3 +54,13 @@ def test_metrics_reported_without_a_checkpoint_do_not_reach_the_result(ray_drive
     result = fit(report_metrics_only, tmp_path, workers=1)  # one worker shows it: one process fewer to start
     assert result.metrics is None and result.checkpoint is None and result.best_checkpoints == []
     assert "RAY_TRAIN_COLLECTIVE_TIMEOUT_S" not in os.environ  # the first test's setting did not leak
+
+
+def test_a_profiled_ray_run_prints_kinetos_thread_line_and_still_profiles_every_rank(fsdp2_run):
+    """"An ERROR line when a Ray step profiles": PyTorch's profiler says so when it starts in a thread other than
+    torch's importer, as in a Ray Train worker; the run's profile is whole all the same (step 04's, 2 ranks)."""
+    _, storage, result = fsdp2_run
+    line = r"ERROR: External init callback must run in same thread as registerClient \(-?\d+ != -?\d+\)"
+    assert re.search(line, result.stderr), result.stderr[-3000:]
+    ranks = profile_summary(storage)["ranks"]  # its traces: test_profiling.py
+    assert [rank["rank"] for rank in ranks] == [0, 1] and all(len(rank["steps"]) == 2 for rank in ranks)
