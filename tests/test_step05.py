@@ -133,8 +133,8 @@ def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_res
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3, 4]
 
 
-def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(cluster_driver, monkeypatch,
-                                                                                     tmp_path, capsys):
+def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(cluster_driver, main_summary,
+                                                                                     monkeypatch, tmp_path):
     """The sweep's main(), in this process on the test cluster, its trial a stand-in for step 02's run that reports
     epoch 1 and then fails as a run out of restarts does: the sweep ends with one line that says to --resume, and
     --resume runs the failed trial again (resume_errored: Tune would leave it failed), which this time finishes."""
@@ -151,16 +151,12 @@ def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_a
 
     tune_script = load_script(TUNE)
     monkeypatch.setattr(tune_script, "run_trial", trial)
-    flags = [TUNE, *SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", cluster_driver,
+    flags = [*SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", cluster_driver,
              "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
-    monkeypatch.setattr(sys, "argv", flags)
     with pytest.raises(SystemExit) as failed:
-        tune_script.main()
+        main_summary(TUNE, *flags, module=tune_script)
     assert str(failed.value.code).startswith("error: 1 trial(s) failed (see above); run the same command with --resume")
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", [*flags, "--resume"])
-    tune_script.main()
-    [resumed] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["trials"]
+    [resumed] = main_summary(TUNE, *flags, "--resume", module=tune_script)[0]["trials"]
     assert resumed["error"] is None and [h["epoch"] for h in resumed["history"]] == [1, 2]
 
 
