@@ -1,13 +1,14 @@
 """Lab 04-accumulate: gradient accumulation under FSDP2, as 04-ray-train-fsdp2/train_ray_fsdp2.py does it.
 
-This loop already accumulates 2 micro-batches per optimizer step, and trains what one process trains with whole
-batches; but it communicates more than it needs to. The check runs main() in 2 processes under a profiler, counts
-the reduce-scatters each optimizer step issues, and compares the loss with main() in 1 process:
+The loader below already yields micro-batches (--grad-accum-steps of them make one rank's share of a batch), but
+the loop steps the optimizer after every one. The check runs main() in 2 processes under a profiler, with 2
+micro-batches per step, and compares every optimizer step's gradients and loss with 1 process training on whole
+batches, unsharded; it also counts the reduce-scatters:
 
     python -m labs.check 04-accumulate
 
-Write the TODO (one line; DDP's version of it is model.no_sync() in step 01). A solution:
-labs/solutions/04_accumulate.py.
+Write the TODO (about 8 lines; DDP's way of skipping a micro-batch's all-reduce is model.no_sync(), step 02). A
+solution: labs/solutions/04_accumulate.py.
 """
 import itertools
 
@@ -30,7 +31,7 @@ def shard_model(model, mesh) -> None:
 
 
 def main(args) -> list[float]:
-    """Runs in each process; returns each step's train loss, averaged over the ranks."""
+    """Runs in each process; returns each optimizer step's train loss, averaged over the ranks."""
     dist.init_process_group(backend="gloo")
     try:
         return train(args, dist.get_rank(), dist.get_world_size())
@@ -53,17 +54,16 @@ def train(args, rank, world_size) -> list[float]:
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     losses, loss_sum = [], torch.zeros(())
     micro_batches = itertools.islice(train_loader, args.steps_per_epoch * args.grad_accum_steps)
-    for i, (images, labels, ids) in enumerate(micro_batches):
-        if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
-            optimizer.zero_grad(set_to_none=True)
-        last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
-        # TODO: FSDP2 reduce-scatters the gradients in every backward. Which backward needs it?
-        # Each micro-batch's share of the mean loss over the whole batch.
-        loss = criterion(model(augment_batch(images, ids, 0, args.seed)), labels) / args.grad_accum_steps
-        loss.backward()  # adds this micro-batch's gradients to those before it
+    for images, labels, ids in micro_batches:
+        # TODO: one optimizer step per args.grad_accum_steps micro-batches, training what 1 process trains on whole
+        # batches: the gradients zeroed at a step's first micro-batch and summed over its micro-batches, each
+        # micro-batch's loss its share of the whole batch's mean, and FSDP2's reduce-scatter of the gradients only
+        # in the backward that needs it (fully_shard's set_requires_gradient_sync).
+        optimizer.zero_grad(set_to_none=True)
+        images = augment_batch(images, ids, 0, args.seed)
+        loss = criterion(model(images), labels)
+        loss.backward()
         loss_sum += loss.detach()
-        if not last_micro_batch:
-            continue
         optimizer.step()
         dist.all_reduce(loss_sum)  # every rank's loss, not just this one's
         losses.append(loss_sum.item() / world_size)

@@ -22,8 +22,9 @@ from common import augment_batch, build_model, load_data, make_optimizer
 def shard_model(model, mesh) -> None:
     """FSDP2: each transformer block its own unit, gathered just before it runs and resharded after; then the
     root, which keeps what is left (stem, class token, final norm, head)."""
-    # TODO: shard each TRANSFORMER_BLOCK over the mesh, then the model itself (about 5 lines). Which units should
-    # free their gathered weights after forward, and which one does backward need first?
+    # TODO: shard each TRANSFORMER_BLOCK over the mesh, then the model itself (about 5 lines). After forward, a
+    # unit frees its gathered weights or keeps them for backward (fully_shard's reshard_after_forward): which
+    # should the blocks do, and the root, whose weights backward needs first? The check counts the all-gathers.
 
 
 def main(args) -> list[float]:

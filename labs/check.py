@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     checks = importlib.import_module(lab.checks)
     outcomes = checks.run(path, args.address) if lab.ray else checks.run(path)
     for o in outcomes:
-        print(f"PASS  {o.check}" if o.passed else f"FAIL  {o.check}: {o.failure}\n      hint: {o.hint}")
+        print(f"PASS  {o.check}" if o.passed else f"FAIL  {o.check}: {o.failure}")
+        if o.hint and not o.passed:
+            print(f"      hint: {o.hint}")
     passed = sum(o.passed for o in outcomes)
     print(f"{passed} of {len(outcomes)} checks passed in {time.monotonic() - start:.0f} s")
     return 0 if passed == len(outcomes) else 1

@@ -3,6 +3,7 @@ would, and the outcome of one check. Each check module (labs/checks/) holds only
 import importlib.util
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -16,11 +17,21 @@ import torch
 from common import make_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-# The smoke tests' settings, shorter: the tiny preset learns the synthetic images within a few steps.
+# The smoke tests' settings, shorter: the tiny preset learns the synthetic images within a few steps. A seed other
+# than 0, DistributedSampler's default, and a test set that 2 ranks split unevenly (128 and 127 images): neither
+# then hides a sampler that ignores --seed, or accuracies averaged over the ranks instead of counted.
 LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "4",
-             "--batch-size", "32", "--lr", "1e-3", "--eval-images", "256"]
+             "--batch-size", "32", "--lr", "1e-3", "--eval-images", "255", "--seed", "1"]
 RENDEZVOUS_PORTS = range(20000, 32768)
-RANK_TIMEOUT_S = 150  # a hang's limit, far above a run's time (about 10 s) on a busy 2-core machine
+RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy 2-core machine
+# How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
+# lab's run takes a few seconds between two collectives even on a busy machine.
+COLLECTIVE_TIMEOUT_S = 20
+# What gloo says when a rank waited for a collective in vain: it timed out, or the other rank left first.
+HANG_SIGNS = ("timed out", "closed by peer", "reset by peer")
+HANG_HINT = ("a rank waits in a collective (an all-reduce, DDP's or FSDP's in backward, a barrier) until every rank "
+             "of the group calls it: every rank must call the same collectives, in the same order, as often "
+             "(TROUBLESHOOTING.md: the run hangs at a report or a collective)")
 
 
 @dataclass
@@ -35,18 +46,68 @@ class Outcome:
 
 
 def crashed(checks: list[str], error: str) -> list[Outcome]:
-    """Every check failed, because the lab's run did not get to the end."""
-    return [Outcome(check, f"the run did not finish: {error}", "fix the error shown above first")
-            for check in checks]
+    """Every check failed, because the lab's run did not get to the end (said once, with a hang's hint if a rank
+    waited in a collective in vain)."""
+    error = re.sub(r"\[\S+\.(cc|cpp):\d+\] ", "", error).split(" This is typically")[0]  # gloo's source line
+    hung = any(sign in error.lower() for sign in HANG_SIGNS)
+    failure = (f"the ranks' collectives did not match: one waited in vain, then failed: {error}" if hung
+               else f"the run did not finish: {error}")
+    return [Outcome(checks[0], failure, HANG_HINT if hung else "fix the error shown above first"),
+            *(Outcome(check, "the run did not finish (above)", "") for check in checks[1:])]
 
 
 class RunFailed(Exception):
-    """A rank raised or hung; the message is its last line, the traceback was printed."""
+    """A rank raised or hung; the message is its last line (a real error's before a hang's), the traceback was
+    printed."""
 
 
 def lab_args(*flags: str):
     """The step scripts' flags and defaults, at the lab's sizes."""
     return make_parser("lab", "lab").parse_args([*LAB_FLAGS, *flags])
+
+
+def replace_in_common(**functions) -> dict:
+    """Replaces functions of common/ in the modules that define them, so that a lab's file gets the replacement
+    however it imports them (`from common import evaluate as ev`, `import common`): returns the originals."""
+    import common
+
+    originals = {}
+    for name, function in functions.items():
+        module = sys.modules[getattr(common, name).__module__]
+        originals[name] = getattr(module, name)
+        setattr(module, name, function)
+    return originals
+
+
+def watch_training(**functions) -> dict:
+    """Replaces build_model and make_optimizer in common/ (and any other of its functions given) so that the lab's
+    run records its models and, at every optimizer step, each parameter's gradient: this rank's shard of a sharded
+    one (a DTensor's local part, its name in "sharded")."""
+    from common import build_model, make_optimizer
+    from torch.distributed.tensor import DTensor
+
+    watched = dict(models=[], gradients=[], sharded=set())
+
+    def record_gradients(*_):
+        gradients = {}
+        for name, p in watched["models"][-1].named_parameters():
+            if isinstance(p.grad, DTensor):
+                watched["sharded"].add(name)
+            if p.grad is not None:
+                gradients[name] = (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+        watched["gradients"].append(gradients)
+
+    def watched_build_model(*args, **kwargs):
+        watched["models"].append(build_model(*args, **kwargs))
+        return watched["models"][-1]
+
+    def watched_make_optimizer(*args, **kwargs):
+        optimizer = make_optimizer(*args, **kwargs)
+        optimizer.register_step_pre_hook(record_gradients)
+        return optimizer
+
+    replace_in_common(build_model=watched_build_model, make_optimizer=watched_make_optimizer, **functions)
+    return watched
 
 
 def load_lab(path):
@@ -83,12 +144,11 @@ def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RA
     for process in processes:
         process.kill()
         process.wait()
-    errors = sorted(folder.glob("rank*.error"))
+    errors = [path.read_text().strip().splitlines()[-1] for path in sorted(folder.glob("rank*.error"))]
     if errors:
-        raise RunFailed(errors[0].read_text().strip().splitlines()[-1])
+        raise RunFailed(min(errors, key=lambda error: any(sign in error.lower() for sign in HANG_SIGNS)))
     if any(p.returncode for p in processes):
-        raise RunFailed(f"the ranks did not end within {timeout:.0f} s: one waits for something another rank "
-                        "never does")
+        raise RunFailed(f"the ranks timed out: they did not end within {timeout:.0f} s")
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(len(processes))]
 
 

@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -26,15 +27,19 @@ pytestmark = pytest.mark.labs
 STARTING_FAILURES = {
     "01": ["the 2 processes trained in process groups of [1] (each alone), not one group of 2",
            "in epoch 1, rank 0 and rank 1 both trained 64 of the same images",
-           re.compile(r"rank 0 reported (\S+) \(its own 128 test images give \1\)")],
+           "step 1: the ranks' gradients differ from 1 process's on the whole batch by",
+           "epoch 1: rank 0 reported train loss",
+           re.compile(r"rank 0 reported (\S+) \(its own 128 test images give \1\); all 255 images give")],
     "02": ["the run reported no metrics (nor a checkpoint)",
            "the run started again for 2 epochs trained epoch(s) [1, 2] (the first run kept no checkpoint)"],
     "02-hang": ["The following ranks have not joined the collective operation: [1]",
                 "rank 0 called ray.train.report 1 time(s), rank 1 0, in 2 epochs"],
     "04": ["rank 0 holds 832,682 of the 832,682 parameter values (832,682 of them whole, not sharded)",
-           re.compile(r"step 2: 2 ranks' train loss \S+, 1 process's"),
+           "step 1: the gradients of the parameters left whole differ between the ranks",
            "0 all-gathers per step; 6 blocks and the root make 13"],
-    "04-accumulate": ["14 reduce-scatters per optimizer step of 2 micro-batches; the model's 7 units need 7"],
+    "04-accumulate": ["8 optimizer steps for 4 batches of 2 micro-batches",
+                      "14 reduce-scatters per optimizer step of 2 micro-batches; the model's 7 units need 7",
+                      "8 losses reported for 4 optimizer steps"],
     "05": ["the trials asked load_data for ['cifar10'] (scored on the test set)",
            "Tune saw no result of any of the 3 trials"],
     "06": [re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
@@ -95,16 +100,111 @@ def test_every_check_passes_on_the_solution(request, lab):
     assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
 
 
-def test_lab01_tells_a_missing_set_epoch_and_ddp_wrap_apart(request, tmp_path):
-    """The untouched file fails before these checks get to them: the solution without the two lines does."""
-    solution = lab_file("01", "labs/solutions").read_text()
-    for line in ("        sampler.set_epoch(epoch)\n", "    model = DistributedDataParallel(model)\n"):
-        assert line in solution
-        solution = solution.replace(line, "")
-    (tmp_path / "lab.py").write_text(solution)
-    lines = verdicts(check(request, "01", "--file", str(tmp_path / "lab.py")).stdout)
-    assert "rank 0 and rank 1 ended with different weights" in lines[0]
-    assert "every epoch repeated epoch 1's order" in lines[1] and lines[2].startswith("PASS")
+@dataclass
+class WrongAnswer:
+    """A mistake people make, written as edits of the lab's solution (each old text must be there), and what the
+    check must say: the number of the check that fails (counted from 1, in the order the check prints them), words
+    of what it saw, and words of its hint, which names the concept."""
+    name: str
+    edits: list[tuple[str, str]]
+    check: int
+    failure: str
+    hint: str
+
+
+WRONG_ANSWERS = {
+    "01": [
+        WrongAnswer("no set_epoch", [("        sampler.set_epoch(epoch)\n", "")],
+                    2, "epoch 2 repeated epoch 1's order", "it knows the epoch only if told"),
+        WrongAnswer("a sampler with its own seed", [("seed=args.seed, drop_last=True", "drop_last=True")],
+                    2, "images are not those 1 process shuffling with --seed 1 trains", "with the run's seed"),
+        WrongAnswer("no DDP", [("    model = DistributedDataParallel(model)\n", "")],
+                    3, "step 1: rank 0's and rank 1's gradients differ", "average them over the ranks in backward"),
+        WrongAnswer("gradients summed by hand", [
+            ("    model = DistributedDataParallel(model)\n", ""),
+            ("            loss.backward()\n", "            loss.backward()\n            for p in model.parameters():\n"
+                                               "                dist.all_reduce(p.grad)\n")],
+                    3, "the ranks' gradients are 2.00 times 1 process's", "averaged, not summed"),
+        WrongAnswer("the loss summed over the ranks", [("/ steps_per_epoch / world_size", "/ steps_per_epoch")],
+                    4, "epoch 1: rank 0 reported train loss", "divided by their number"),
+        WrongAnswer("rank 0's loss", [("        dist.all_reduce(loss_sum)", "        pass")],
+                    4, "epoch 1: rank 0 reported train loss", "the mean over every rank's"),
+        WrongAnswer("the mean of the ranks' accuracies", [(
+            "        dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set\n"
+            "        correct, counted = tally.tolist()\n",
+            "        accuracy = tally[0] / tally[1]\n        dist.all_reduce(accuracy)\n"
+            "        correct, counted = accuracy.item() / world_size, 1\n")],
+                    5, "all 255 images give", "the shards differ in size"),
+        WrongAnswer("rank 0's accuracy", [("        dist.all_reduce(tally)", "        pass")],
+                    5, "its own 128 test images give", "add up every rank's [correct, counted]"),
+        WrongAnswer("the group never left", [
+            ("    try:\n        return train(args, rank, world_size, torch.device(\"cpu\"))\n    finally:\n"
+             "        dist.destroy_process_group()\n",
+             "    return train(args, rank, world_size, torch.device(\"cpu\"))\n")],
+                    1, "the process group was still open when main() returned", "destroy_process_group"),
+        WrongAnswer("the accuracy reduced on rank 0 only", [
+            ("        dist.all_reduce(tally)", "        if rank == 0:\n            dist.all_reduce(tally)")],
+                    1, "collectives did not match", "the same collectives, in the same order"),
+    ],
+    "04": [
+        WrongAnswer("the root left out", [("    fully_shard(model, mesh=mesh, reshard_after_forward=False)\n", "")],
+                    1, "of them whole, not sharded", "a module never given to it stays whole"),
+        WrongAnswer("the root alone", [("    for module in model.modules():\n        if isinstance(module, "
+                                        "TRANSFORMER_BLOCK):\n            fully_shard(module, mesh=mesh)\n", "")],
+                    3, "1 all-gathers per step; 6 blocks and the root make 13", "each fully_shard call makes a unit"),
+        WrongAnswer("the encoder one unit", [("    for module in model.modules():\n        if isinstance(module, "
+                                              "TRANSFORMER_BLOCK):\n            fully_shard(module, mesh=mesh)\n",
+                                              "    fully_shard(model.encoder, mesh=mesh)\n")],
+                    3, "3 all-gathers per step; 6 blocks and the root make 13", "each fully_shard call makes a unit"),
+        WrongAnswer("the blocks kept gathered", [
+            ("fully_shard(module, mesh=mesh)", "fully_shard(module, mesh=mesh, reshard_after_forward=False)")],
+                    3, "7 all-gathers per step: the blocks kept their gathered weights",
+                    "every block is whole at once"),
+        WrongAnswer("the root resharded", [("fully_shard(model, mesh=mesh, reshard_after_forward=False)",
+                                            "fully_shard(model, mesh=mesh, reshard_after_forward=True)")],
+                    3, "14 all-gathers per step: the root freed its weights", "backward starts at the root"),
+    ],
+    "04-accumulate": [
+        WrongAnswer("a reduce-scatter per micro-batch",
+                    [("        model.set_requires_gradient_sync(last_micro_batch)\n", "")],
+                    2, "14 reduce-scatters per optimizer step", "only the last micro-batch's needs it"),
+        WrongAnswer("the sync never back on",
+                    [("set_requires_gradient_sync(last_micro_batch)", "set_requires_gradient_sync(False)")],
+                    1, "step 1: the gradients are 100.0% away from 1 process's", "in the last micro-batch's backward"),
+        WrongAnswer("the sync in the first micro-batch", [
+            ("set_requires_gradient_sync(last_micro_batch)",
+             "set_requires_gradient_sync(i % args.grad_accum_steps == 0)")],
+                    1, "step 1: the gradients are", "in the last micro-batch's backward"),
+        WrongAnswer("the loss not divided", [(" / args.grad_accum_steps\n", "\n")],
+                    1, "step 1: the gradients are 2.00 times 1 process's", "divided by the number of micro-batches"),
+        WrongAnswer("the loss divided twice", [("losses.append(loss_sum.item() / world_size)",
+                                                "losses.append(loss_sum.item() / world_size / args.grad_accum_steps)")],
+                    3, "step 1: 2 ranks reported train loss", "the sum of its micro-batches' shares"),
+        WrongAnswer("a step every micro-batch", [("        if not last_micro_batch:\n            continue\n", "")],
+                    1, "8 optimizer steps for 4 batches of 2 micro-batches", "after its last micro-batch's backward"),
+    ],
+}
+
+
+@pytest.mark.parametrize("lab, wrong", [(lab, wrong) for lab, answers in WRONG_ANSWERS.items() for wrong in answers],
+                         ids=lambda value: value.name.replace(" ", "-") if isinstance(value, WrongAnswer) else value)
+def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path, lab, wrong):
+    answer = lab_file(lab, "labs/solutions").read_text()
+    for old, new in wrong.edits:
+        assert old in answer, old
+        answer = answer.replace(old, new)
+    (tmp_path / LABS[lab].file).write_text(answer)
+    result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
+    lines = verdicts(result.stdout)
+    assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
+    failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
+    assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
+
+
+def hint_of(stdout: str, line: str) -> str:
+    """The hint printed under a failed check's line."""
+    after = stdout.split(line, 1)[1].lstrip("\n")
+    return after.splitlines()[0] if after.startswith("      hint:") else ""
 
 
 @pytest.mark.parametrize("lab", STEP_SCRIPTS)

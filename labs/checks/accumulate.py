@@ -1,40 +1,70 @@
-"""Lab 04-accumulate's check: main() in 2 processes under a profiler, 2 micro-batches per optimizer step, against
-main() in 1 process. The profiler counts the reduce-scatters each rank issued (labs.checks.fully_shard.watch)."""
+"""Lab 04-accumulate's checks: main() in 2 processes under a profiler, 2 micro-batches per optimizer step, against
+the recipe in 1 process on whole batches, unsharded and un-accumulated (labs.reference). The profiler counts the
+reduce-scatters each rank issued; every optimizer step's gradients are recorded (labs.checks.fully_shard.watch)."""
 from common import TRANSFORMER_BLOCK, build_model
-from labs.checks.fully_shard import LOSS_TOLERANCE, watch
+from labs import reference
+from labs.checks.fully_shard import GRADIENT_TOLERANCE, LOSS_TOLERANCE, watch
 from labs.harness import Outcome, RunFailed, crashed, lab_args, run_groups
 
 ACCUMULATE = ["--grad-accum-steps", "2"]
-ONE_REDUCE_SCATTER = ("one reduce-scatter per unit per optimizer step, not per micro-batch, training what 1 process "
-                      "trains")
+SAME_STEPS = ("one optimizer step per 2 micro-batches, with 1 process's gradients of the whole batch: summed over "
+              "the micro-batches, each its share of the mean")
+ONE_REDUCE_SCATTER = "one reduce-scatter per unit per optimizer step, not per micro-batch"
+SAME_LOSS = "each optimizer step's reported loss is 1 process's on the whole batch"
+CHECKS = [SAME_STEPS, ONE_REDUCE_SCATTER, SAME_LOSS]
 
 
 def run(lab_file) -> list:
     try:
-        [alone], pair = run_groups(lab_file, [(f"{__name__}:watched_main", 1), (f"{__name__}:watched_main", 2)])
+        [alone], pair = run_groups(lab_file, [(f"{__name__}:reference_run", 1), (f"{__name__}:watched_main", 2)])
     except RunFailed as error:
-        return crashed([ONE_REDUCE_SCATTER], str(error))
-    return [one_reduce_scatter(alone, pair[0])]
+        return crashed(CHECKS, str(error))
+    return [same_steps(alone, pair), one_reduce_scatter(alone, pair[0]), same_loss(alone, pair[0])]
+
+
+def reference_run(lab_file) -> dict:
+    return reference.train(lab_args(), epochs=1)  # whole batches: no --grad-accum-steps
 
 
 def watched_main(lab_file) -> dict:
     return watch(lab_file, lab_args(*ACCUMULATE))
 
 
+def same_steps(alone: dict, pair: list[dict]):
+    match reference.first_difference(alone, pair, GRADIENT_TOLERANCE):
+        case "steps", steps, _:
+            return Outcome(SAME_STEPS, f"{steps} optimizer steps for {len(alone['steps'])} batches of "
+                                       f"{ACCUMULATE[1]} micro-batches",
+                           "the optimizer steps once per batch, after its last micro-batch's backward")
+        case "factor", step, ratio:
+            return Outcome(SAME_STEPS, f"step {step}: the gradients are {ratio:.2f} times 1 process's",
+                           "backward adds up the micro-batches' gradients: each micro-batch's loss must be its share "
+                           "of the whole batch's mean, divided by the number of micro-batches")
+        case _, step, difference:
+            return Outcome(SAME_STEPS, f"step {step}: the gradients are {difference:.1%} away from 1 process's",
+                           "a step's gradients must add up every micro-batch's (zeroed only before the first), and "
+                           "be reduce-scattered once they are all there: in the last micro-batch's backward")
+    return Outcome(SAME_STEPS, None, "")
+
+
 def one_reduce_scatter(alone: dict, watched: dict):
     units = 1 + sum(isinstance(m, TRANSFORMER_BLOCK) for m in build_model(lab_args().model).modules())
-    per_step = watched["collectives"].get("c10d::_reduce_scatter_base_", 0) / len(watched["losses"])
-    losses = enumerate(zip(alone["losses"], watched["losses"], strict=True))
-    differing = [(step, one, two) for step, (one, two) in losses if abs(one - two) > LOSS_TOLERANCE]
+    per_step = watched["collectives"].get("c10d::_reduce_scatter_base_", 0) / len(alone["steps"])
+    failure = None
     if per_step != units:
         failure = (f"{per_step:g} reduce-scatters per optimizer step of {ACCUMULATE[1]} micro-batches; the model's "
                    f"{units} units need {units}")
-        hint = ("every backward of a sharded model reduce-scatters its gradients unless told the sync can wait: "
-                "only the last micro-batch's sum needs it")
-    elif differing:
-        step, one, two = differing[0]
-        failure = f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's {one:.5f}"
-        hint = "the last micro-batch's reduce-scatter must carry the sum of every micro-batch's gradients"
-    else:
-        failure, hint = None, ""
-    return Outcome(ONE_REDUCE_SCATTER, failure, hint)
+    return Outcome(ONE_REDUCE_SCATTER, failure, "every backward of a sharded model reduce-scatters its gradients "
+                                                "unless told the sync can wait: only the last micro-batch's needs it")
+
+
+def same_loss(alone: dict, watched: dict):
+    if len(watched["losses"]) != len(alone["steps"]):
+        return Outcome(SAME_LOSS, f"{len(watched['losses'])} losses reported for {len(alone['steps'])} optimizer "
+                                  "steps", "one loss per optimizer step")
+    for step, (one, two) in enumerate(zip(alone["steps"], watched["losses"], strict=True)):
+        if abs(one["loss"] - two) > LOSS_TOLERANCE:
+            return Outcome(SAME_LOSS, f"step {step + 1}: 2 ranks reported train loss {two:.5f}, 1 process "
+                                      f"{one['loss']:.5f}", "a step's loss is the sum of its micro-batches' shares, "
+                                                             "averaged over the ranks")
+    return Outcome(SAME_LOSS, None, "")

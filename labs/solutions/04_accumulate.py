@@ -23,7 +23,7 @@ def shard_model(model, mesh) -> None:
 
 
 def main(args) -> list[float]:
-    """Runs in each process; returns each step's train loss, averaged over the ranks."""
+    """Runs in each process; returns each optimizer step's train loss, averaged over the ranks."""
     dist.init_process_group(backend="gloo")
     try:
         return train(args, dist.get_rank(), dist.get_world_size())
@@ -50,9 +50,12 @@ def train(args, rank, world_size) -> list[float]:
         if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step
             optimizer.zero_grad(set_to_none=True)
         last_micro_batch = (i + 1) % args.grad_accum_steps == 0  # then an optimizer step
+        images = augment_batch(images, ids, 0, args.seed)
+        # FSDP2 reduce-scatters the gradients in every backward: until the last micro-batch, skip it
+        # (this rank keeps the unsharded gradients meanwhile).
         model.set_requires_gradient_sync(last_micro_batch)
         # Each micro-batch's share of the mean loss over the whole batch.
-        loss = criterion(model(augment_batch(images, ids, 0, args.seed)), labels) / args.grad_accum_steps
+        loss = criterion(model(images), labels) / args.grad_accum_steps
         loss.backward()  # adds this micro-batch's gradients to those before it
         loss_sum += loss.detach()
         if not last_micro_batch:

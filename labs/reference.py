@@ -1,0 +1,81 @@
+"""What the distributed labs are checked against: the recipe in one process, on whole batches, unsharded and
+un-accumulated, written here rather than by the attendee. Its images come in the order DistributedSampler splits
+over the ranks (a permutation seeded with seed + epoch): N ranks of batch/N images each must train what it trains."""
+import torch
+
+from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+
+
+def train(args, epochs: int) -> dict:
+    """epochs of args.steps_per_epoch steps of args.batch_size images: each step's images, loss and gradients,
+    each epoch's mean loss and accuracy on the whole evaluation set, and the initial and final weights."""
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model)
+    initial = {name: value.clone() for name, value in model.state_dict().items()}
+    optimizer = make_optimizer(model, args, torch.device("cpu"))
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    steps, history = [], []
+    for epoch in range(epochs):
+        order = torch.randperm(len(data.train_labels), generator=torch.Generator().manual_seed(args.seed + epoch))
+        for step in range(args.steps_per_epoch):
+            ids = order[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            images = augment_batch(data.train_images[ids], ids, epoch, args.seed)
+            loss = criterion(model(images), data.train_labels[ids])
+            loss.backward()
+            steps.append(dict(epoch=epoch, ids=ids.tolist(), loss=loss.item(), gradients=gradients(model)))
+            optimizer.step()
+        correct, counted = evaluate(model, data.test_images, data.test_labels, torch.device("cpu")).tolist()
+        epoch_losses = [step["loss"] for step in steps[-args.steps_per_epoch:]]
+        history.append(dict(epoch=epoch + 1, train_loss=sum(epoch_losses) / len(epoch_losses),
+                            test_accuracy=correct / counted))
+    return dict(steps=steps, history=history, initial=initial, weights=model.state_dict())
+
+
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def relative_difference(tensors: dict, reference: dict) -> float:
+    """|a - b| / |b| over every tensor of reference at once (a missing one counts as zeros)."""
+    difference = sum(((zeros_if_none(tensors.get(k), v) - v).double() ** 2).sum() for k, v in reference.items())
+    return float((difference / sum((v.double() ** 2).sum() for v in reference.values())).sqrt())
+
+
+def norm_ratio(tensors: dict, reference: dict) -> float:
+    """|a| / |b| over every tensor of reference at once: 2.0 where a is b summed over 2 ranks instead of averaged."""
+    norm = sum((zeros_if_none(tensors.get(k), v).double() ** 2).sum() for k, v in reference.items())
+    return float((norm / sum((v.double() ** 2).sum() for v in reference.values())).sqrt())
+
+
+def zeros_if_none(tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if tensor is None or tensor.shape != like.shape else tensor
+
+
+def gathered(ranks: list[dict], sharded: set) -> dict:
+    """One optimizer step's gradients from every rank's record (labs.harness.watch_training), as whole parameters:
+    a sharded one's shards put back together in rank order (FSDP2 shards dim 0), a whole one's from rank 0."""
+    return {name: torch.cat([rank[name] for rank in ranks]) if name in sharded else ranks[0][name]
+            for name in ranks[0]}
+
+
+def first_difference(alone: dict, pair: list[dict], tolerance: float) -> tuple[str, int, float] | None:
+    """How the ranks' optimizer steps first differ from the reference's: ("ranks differ", step, _) where a whole
+    parameter's gradient is not the same on both ranks, ("factor", step, ratio) where the gradients are a multiple
+    of the reference's, ("differ", step, relative difference), first ("steps", steps taken, _) where the number
+    of optimizer steps differs; None if they do not."""
+    sharded = set().union(*(rank["sharded"] for rank in pair))
+    expected = [step["gradients"] for step in alone["steps"]]
+    if len(pair[0]["gradients"]) != len(expected):
+        return "steps", len(pair[0]["gradients"]), 0.0
+    for step, (ours, *theirs) in enumerate(zip(expected, *(rank["gradients"] for rank in pair), strict=False)):
+        whole = {name: tensor for name, tensor in theirs[1].items() if name not in sharded}
+        if whole and relative_difference({k: theirs[0].get(k) for k in whole}, whole) > tolerance:
+            return "ranks differ", step + 1, 0.0
+        mine = gathered(theirs, sharded)
+        if (difference := relative_difference(mine, ours)) > tolerance:
+            ratio = norm_ratio(mine, ours)
+            return ("factor", step + 1, ratio) if abs(ratio - round(ratio)) < 0.01 and round(ratio) > 1 else \
+                ("differ", step + 1, difference)
+    return None
