@@ -1,26 +1,25 @@
 """Lab 02: run lab 01's training loop on Ray Train, reporting a checkpoint every epoch, and resume a stopped run
 from its last checkpoint, as 02-ray-train-ddp/train_ray_ddp.py does.
 
-fit() and train_func() are written: TorchTrainer starts 2 workers, starts their process group and calls
-train_func in each, which takes its rank from Ray. Write the TODOs in train() (about 15 lines). The check runs lab
-01's solution under torchrun's environment, then fit() for 1 epoch, then fit() for 2 epochs under the same run name,
-and compares what each reported, kept and trained:
+train() below is lab 01's solution without torchrun: no process group joined, no DDP. Write fit(), which runs
+train_func on 2 Ray workers, train_func(), which runs train() in each, and the TODOs in train() (about 30 lines in
+all). The check runs lab 01's solution under torchrun's environment for 3 epochs, then your fit() for 2 epochs,
+then fit() for 3 epochs under the same run name, and compares what each trained, reported and kept:
 
     python -m labs.check 02
 
 A solution: labs/solutions/02_train_func.py.
 """
-import argparse
+import argparse  # noqa: F401 (yours to use)
 import itertools
-import tempfile  # noqa: F401 (yours to use)
+import tempfile  # noqa: F401
 from pathlib import Path  # noqa: F401
 
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
-from torch.nn.parallel import DistributedDataParallel
+from ray.train import RunConfig, ScalingConfig  # noqa: F401 (yours to use)
+from ray.train.torch import TorchTrainer  # noqa: F401
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common import augment_batch, build_model, evaluate, load_data, make_optimizer
@@ -28,20 +27,16 @@ from common import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
 
 
 def fit(args, storage: str, name: str) -> ray.train.Result:
-    """train_func on 2 Ray workers. Given the name of an earlier run in storage, Ray resumes that run: its
-    workers find the last checkpoint it reported."""
-    trainer = TorchTrainer(train_func, train_loop_config=vars(args), scaling_config=ScalingConfig(num_workers=2),
-                           run_config=RunConfig(name=name, storage_path=storage))
-    return trainer.fit()
+    """train_func on 2 Ray workers, in the run `name` under storage. Given the name of an earlier run there, Ray
+    resumes it: its workers find the last checkpoint it reported."""
+    # TODO 1: a TorchTrainer of train_func, with the flags as its config (vars(args)), 2 workers (ScalingConfig) and
+    # the run's name and storage (RunConfig); fit it, and return the Result.
 
 
 def train_func(config):
     """Runs in every worker. Ray has already started the process group and chosen the device."""
-    args = argparse.Namespace(**config)
-    context = ray.train.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    master_process = rank == 0  # writes the checkpoint for everyone
-    train(args, rank, world_size, master_process, ray.train.torch.get_device())
+    # TODO 2: the flags back from the config (an argparse.Namespace), this worker's rank and the world size from
+    # Ray's context (ray.train.get_context()), then train(): rank 0 writes the checkpoint for everyone.
 
 
 def train(args, rank, world_size, master_process, device):
@@ -55,16 +50,15 @@ def train(args, rank, world_size, master_process, device):
 
     torch.manual_seed(args.seed)
     model = build_model(args.model)
-    # TODO 1 (not checked: torchrun's DDP runs under Ray too): let Ray wrap the model in DDP and the loader, which
-    # also moves both to this worker's device (its own GPU on a GPU cluster).
-    model = DistributedDataParallel(model)
-    raw_model = model.module
+    # TODO 3: let Ray wrap the model in DDP (prepare_model; it also moves the model to this worker's device) and the
+    # loader (prepare_data_loader; it moves every batch there, and keeps the sampler above, seeded with --seed).
+    raw_model = getattr(model, "module", model)  # DDP's wrapper holds the model as .module
     optimizer = make_optimizer(model, args, device)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     start_epoch, history = 0, []
-    # TODO 2: a resumed run (or a worker group Ray restarted) starts after the epoch of the run's last checkpoint,
-    # from its model, optimizer and history.
+    # TODO 4: a resumed run (or a worker group Ray restarted) starts after the epoch of the run's last checkpoint
+    # (ray.train.get_checkpoint()), from everything the checkpoint holds (common.load_checkpoint reads it).
 
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
@@ -85,5 +79,5 @@ def train(args, rank, world_size, master_process, device):
         # What a checkpoint holds, as common.load_checkpoint reads it.
         state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,  # noqa: F841
                      history=history, model_preset=args.model)
-        # TODO 3: hand Ray this epoch's metrics (history[-1]) and rank 0's checkpoint.pt of state (save_checkpoint
+        # TODO 5: hand Ray this epoch's metrics (history[-1]) and rank 0's checkpoint.pt of state (save_checkpoint
         # writes one into a folder); Ray copies the checkpoint into the run's storage.

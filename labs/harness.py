@@ -27,11 +27,12 @@ RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy
 # How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
 # lab's run takes a few seconds between two collectives even on a busy machine.
 COLLECTIVE_TIMEOUT_S = 20
-# What gloo says when a rank waited for a collective in vain: it timed out, or the other rank left first.
-HANG_SIGNS = ("timed out", "closed by peer", "reset by peer")
-HANG_HINT = ("a rank waits in a collective (an all-reduce, DDP's or FSDP's in backward, a barrier) until every rank "
-             "of the group calls it: every rank must call the same collectives, in the same order, as often "
-             "(TROUBLESHOOTING.md: the run hangs at a report or a collective)")
+# What a rank that waited for a collective in vain says: gloo's timed out, or the other rank left first; Ray Train
+# names the ranks that never joined a report.
+HANG_SIGNS = ("timed out", "closed by peer", "reset by peer", "have not joined")
+HANG_HINT = ("a rank waits in a collective (an all-reduce, DDP's or FSDP's in backward, a barrier, ray.train.report) "
+             "until every rank of the group calls it: every rank must call the same collectives, in the same order, "
+             "as often (TROUBLESHOOTING.md: the run hangs at a report or a collective)")
 
 
 @dataclass
@@ -81,12 +82,12 @@ def replace_in_common(**functions) -> dict:
 
 def watch_training(**functions) -> dict:
     """Replaces build_model and make_optimizer in common/ (and any other of its functions given) so that the lab's
-    run records its models and, at every optimizer step, each parameter's gradient: this rank's shard of a sharded
-    one (a DTensor's local part, its name in "sharded")."""
+    run records its models, its optimizers and, at every optimizer step, each parameter's gradient: this rank's
+    shard of a sharded one (a DTensor's local part, its name in "sharded")."""
     from common import build_model, make_optimizer
     from torch.distributed.tensor import DTensor
 
-    watched = dict(models=[], gradients=[], sharded=set())
+    watched = dict(models=[], optimizers=[], gradients=[], sharded=set())
 
     def record_gradients(*_):
         gradients = {}
@@ -102,9 +103,9 @@ def watch_training(**functions) -> dict:
         return watched["models"][-1]
 
     def watched_make_optimizer(*args, **kwargs):
-        optimizer = make_optimizer(*args, **kwargs)
-        optimizer.register_step_pre_hook(record_gradients)
-        return optimizer
+        watched["optimizers"].append(make_optimizer(*args, **kwargs))
+        watched["optimizers"][-1].register_step_pre_hook(record_gradients)
+        return watched["optimizers"][-1]
 
     replace_in_common(build_model=watched_build_model, make_optimizer=watched_make_optimizer, **functions)
     return watched
@@ -184,15 +185,25 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {RENDEZVOUS_PORTS}: free one, or wait for the runs that hold them")
 
 
-def start_ray(address: str, **environment: str) -> None:
+def start_ray(address: str, watched: dict | None = None, **environment: str) -> None:
     """Ray for a lab's check: started on this machine with 2 CPUs (2 workers), or the cluster at address. Its
-    controller polls the workers every 0.2 s (each report waits for a poll), and its workers import labs/ from
-    this repository. The environment is set first: Ray hands it on to the controller and the workers."""
+    controller polls the workers every 0.2 s (each report waits for a poll), a report that a rank never joins fails
+    after COLLECTIVE_TIMEOUT_S, and every process of the job imports labs/ from this repository and runs
+    labs.watch.setup_worker first (watched: labs.watch.environment's variables). The environment is set first:
+    Ray Train hands it on to its controller and workers."""
     import ray
 
     from common.ray_setup import WORKER_SETUP, init_options
 
-    os.environ.update(RAY_USAGE_STATS_ENABLED="0", **environment)
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
+                      **environment)
     cpus = dict(num_cpus=2, include_dashboard=False) if address == "local" else {}
+    env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": str(ROOT), **(watched or {})}
     ray.init(address=address, **cpus, **init_options(address),
-             runtime_env={**WORKER_SETUP, "env_vars": {**WORKER_SETUP["env_vars"], "PYTHONPATH": str(ROOT)}})
+             runtime_env={**WORKER_SETUP, "env_vars": env_vars, "worker_process_setup_hook": "labs.watch.setup_worker"})
+
+
+def ray_error(error: Exception) -> str:
+    """The line of a failed Ray run that says why: the ranks that never joined a report, else its last line."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return next((line for line in lines if "have not joined" in line), lines[-1])

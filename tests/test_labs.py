@@ -30,10 +30,12 @@ STARTING_FAILURES = {
            "step 1: the ranks' gradients differ from 1 process's on the whole batch by",
            "epoch 1: rank 0 reported train loss",
            re.compile(r"rank 0 reported (\S+) \(its own 128 test images give \1\); all 255 images give")],
-    "02": ["the run reported no metrics (nor a checkpoint)",
-           "the run started again for 2 epochs trained epoch(s) [1, 2] (the first run kept no checkpoint)"],
+    "02": ["no Ray worker trained anything", "no worker trained (above)",
+           "in 2 epochs, rank 0 reported 0 time(s), rank 1 0",
+           "the run started again for 3 epochs trained epoch(s) []"],
     "02-hang": ["The following ranks have not joined the collective operation: [1]",
-                "rank 0 called ray.train.report 1 time(s), rank 1 0, in 2 epochs"],
+                "rank 0 called ray.train.report 1 time(s), rank 1 0, in 2 epochs",
+                "rank 0 attached a checkpoint 1 time(s), rank 1 0, in 2 epochs"],
     "04": ["rank 0 holds 832,682 of the 832,682 parameter values (832,682 of them whole, not sharded)",
            "step 1: the gradients of the parameters left whole differ between the ranks",
            "0 all-gathers per step; 6 blocks and the root make 13"],
@@ -145,6 +147,56 @@ WRONG_ANSWERS = {
         WrongAnswer("the accuracy reduced on rank 0 only", [
             ("        dist.all_reduce(tally)", "        if rank == 0:\n            dist.all_reduce(tally)")],
                     1, "collectives did not match", "the same collectives, in the same order"),
+    ],
+    "02": [
+        WrongAnswer("a report on rank 0 only", [
+            ("            ray.train.report(history[-1], checkpoint=checkpoint)",
+             "                ray.train.report(history[-1], checkpoint=checkpoint)")],
+                    1, "have not joined", "ray.train.report"),
+        WrongAnswer("one worker", [("ScalingConfig(num_workers=2)", "ScalingConfig(num_workers=1)")],
+                    1, "1 Ray worker(s) trained, in process groups of [1]", "ScalingConfig"),
+        WrongAnswer("a run without a name", [("RunConfig(name=name, storage_path=storage)",
+                                              "RunConfig(storage_path=storage)")],
+                    1, "nothing under storage/lab02", "RunConfig names the run"),
+        WrongAnswer("no prepare_model", [("    model = ray.train.torch.prepare_model(model)\n", "")],
+                    2, "rank 0's and rank 1's weights differ", "prepare_model"),
+        WrongAnswer("a checkpoint at the last epoch only", [
+            ("            if master_process:\n                save_checkpoint",
+             "            if master_process and epoch + 1 == args.epochs:\n                save_checkpoint")],
+                    3, "the run kept 1 checkpoint(s) in 2 epochs", "once per epoch on every rank"),
+        WrongAnswer("a resume without the optimizer's state", [
+            ("        optimizer.load_state_dict(state[\"optimizer\"])\n", "")],
+                    4, "the checkpoint's weights, optimizer state", "from everything it holds"),
+        WrongAnswer("a resume without the history", [
+            ("start_epoch, history = state[\"epoch\"] + 1, state[\"history\"]", "start_epoch = state[\"epoch\"] + 1")],
+                    4, "the checkpoint's history differ(s)", "from everything it holds"),
+        WrongAnswer("a resume at the checkpoint's epoch", [("state[\"epoch\"] + 1,", "state[\"epoch\"],")],
+                    4, "trained epoch(s) [2, 3]", "goes on after its epoch"),
+    ],
+    "02-hang": [
+        WrongAnswer("a checkpoint from every rank", [
+            ("            checkpoint = None\n            if master_process:\n"
+             "                torch.save(model.module.state_dict(), Path(checkpoint_dir) / \"model.pt\")\n"
+             "                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)\n",
+             "            torch.save(model.module.state_dict(), Path(checkpoint_dir) / \"model.pt\")\n"
+             "            checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)\n")],
+                    3, "rank 0 attached a checkpoint 2 time(s), rank 1 2", "one rank's copy is the checkpoint"),
+        WrongAnswer("a report after the last epoch only", [
+            ("            ray.train.report(dict(epoch=epoch + 1, train_loss=loss.item()), checkpoint=checkpoint)",
+             "            if epoch + 1 == args.epochs:\n"
+             "                ray.train.report(dict(epoch=epoch + 1, train_loss=loss.item()), checkpoint=checkpoint)")],
+                    2, "rank 0 called ray.train.report 1 time(s), rank 1 1, in 2 epochs", "every rank reports"),
+        WrongAnswer("a barrier on rank 1 instead of its report", [
+            ("            ray.train.report(dict(epoch=epoch + 1, train_loss=loss.item()), checkpoint=checkpoint)",
+             "            if master_process:\n"
+             "                ray.train.report(dict(epoch=epoch + 1, train_loss=loss.item()), checkpoint=checkpoint)\n"
+             "            else:\n                torch.distributed.barrier()  # while rank 0 reports")],
+                    1, "have not joined the collective operation: [1]", "ray.train.report is a barrier"),
+        WrongAnswer("a report once the checkpoint's folder is gone", [
+            ("            # Ray keeps rank 0's metrics only and copies the checkpoint to storage. A barrier: every "
+             "rank must\n            # call report, and equally often.\n            ray.train.report(",
+             "        ray.train.report(")],
+                    1, "No such file or directory", "report before the temporary folder is deleted"),
     ],
     "04": [
         WrongAnswer("the root left out", [("    fully_shard(model, mesh=mesh, reshard_after_forward=False)\n", "")],

@@ -36,7 +36,7 @@ def reference_run(lab_file) -> dict:
     return reference.train(lab_args(), lab_args().epochs)
 
 
-def watched_main(lab_file) -> dict:
+def watched_main(lab_file, *flags: str) -> dict:
     """In each process: the lab's main(), with the common functions it calls recording what they see; then this
     rank's share of the test set scored with its final weights, as every rank must score it."""
     steps, tallies = [], []
@@ -52,7 +52,7 @@ def watched_main(lab_file) -> dict:
         return tally
 
     watched = watch_training(augment_batch=watched_augment_batch, evaluate=watched_evaluate)
-    args = lab_args()
+    args = lab_args(*flags)
     history = load_lab(lab_file).main(args)
     group_left = not dist.is_initialized()
     data = load_data(args.data, args.data_dir, args.eval_images)
@@ -60,7 +60,8 @@ def watched_main(lab_file) -> dict:
     model = watched["models"][0]
     own_share = evaluate(model, data.test_images, data.test_labels, torch.device("cpu"), rank, world_size)
     return dict(history=history, steps=steps, gradients=watched["gradients"], sharded=watched["sharded"],
-                weights=model.state_dict(), tallies=tallies, own_share=own_share.tolist(), group_left=group_left)
+                weights=model.state_dict(), optimizer=watched["optimizers"][0].state_dict(), tallies=tallies,
+                own_share=own_share.tolist(), group_left=group_left, rank=rank)
 
 
 def one_group(pair: list[dict]):

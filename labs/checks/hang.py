@@ -1,70 +1,66 @@
 """Lab 02-hang's checks: the lab's train_func on 2 Ray workers, with Ray's collective timeout set so that a report
-that one rank never joins ends the run with an error. Each worker counts its calls of ray.train.report into a
-file of the check's folder."""
+that one rank never joins ends the run with an error (labs.harness.start_ray). In every process of Ray's job,
+ray.train.report records each call: its rank, and whether it attached a checkpoint (labs.watch)."""
 import tempfile
 from pathlib import Path
 
 import ray
-import ray.train
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from common.ray_setup import quiet_report_logs
-from labs.harness import Outcome, lab_args, load_lab, start_ray
+from labs import watch
+from labs.harness import COLLECTIVE_TIMEOUT_S, Outcome, lab_args, load_lab, ray_error, start_ray
 
-ENDS = "the run ends, within Ray's collective timeout"
+ENDS = f"the run ends without an error: no report waits {COLLECTIVE_TIMEOUT_S} s for a rank that never joins it"
 EQUAL_REPORTS = "every rank calls ray.train.report equally often: once per epoch"
-COLLECTIVE_TIMEOUT_S = 10
+ONE_CHECKPOINT = "rank 0 alone attaches a checkpoint, and the run keeps one per epoch"
 
 
 def run(lab_file, address) -> list:
     lab = load_lab(lab_file)
-    start_ray(address, RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S))
     with tempfile.TemporaryDirectory() as folder:
-        trainer = TorchTrainer(counting_reports(lab.train_func, folder), train_loop_config=vars(lab_args()),
-                               scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(storage_path=folder))
+        start_ray(address, watch.environment(folder, ["report"]))
+        trainer = TorchTrainer(lab.train_func, train_loop_config=vars(lab_args()),
+                               scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(storage_path=str(Path(folder, "storage"))))
         try:
-            trainer.fit()
-            error = None
-        except ray.train.TrainingFailedError as failed:
-            error = timeout_line(str(failed))
-        reports = [int((Path(folder) / f"reports{rank}").read_text() or 0) for rank in (0, 1)]
+            result, error = trainer.fit(), None
+        except Exception as failed:  # TrainingFailedError, with Ray's timeout among its lines
+            result, error = None, ray_error(failed)
+        reports = [call for call in watch.read(folder) if call["function"] == "report"]
     ray.shutdown()
-    return [ends(error), equal_reports(reports)]
-
-
-def timeout_line(error: str) -> str:
-    """Ray's line that names the ranks that never joined, else the error's last line."""
-    lines = error.strip().splitlines()
-    return next((line for line in lines if "have not joined" in line), lines[-1])
-
-
-def counting_reports(train_func, folder):
-    """train_func, in a worker where ray.train.report counts its calls into folder/reports<rank>."""
-    def train_func_counting_reports(config):
-        quiet_report_logs()
-        report, counter = ray.train.report, Path(folder) / f"reports{ray.train.get_context().get_world_rank()}"
-        counter.write_text("0")
-
-        def counting_report(*args, **kwargs):
-            counter.write_text(str(int(counter.read_text()) + 1))
-            return report(*args, **kwargs)
-
-        ray.train.report = counting_report
-        train_func(config)
-    return train_func_counting_reports
+    return [ends(error), equal_reports(reports), one_checkpoint(reports, result)]
 
 
 def ends(error: str | None):
-    return Outcome(ENDS, error and f"the run hung; Ray's timeout ended it: {error}",
-                   "ray.train.report is a barrier across the workers: a rank that calls it waits there for every "
-                   "other rank")
+    hint = "ray.train.report is a barrier across the workers: a rank that calls it waits there for every other rank"
+    if error and "No such file" in error:
+        hint = ("Ray copies the checkpoint's folder into storage during ray.train.report: report before the "
+                "temporary folder is deleted (inside its with-block)")
+    return Outcome(ENDS, error and f"the run failed: {error}", hint)
 
 
-def equal_reports(reports: list[int]):
-    epochs = lab_args().epochs
+def made(reports: list[dict], checkpoint: bool = False) -> list[int]:
+    """How many reports each rank made (with a checkpoint attached only, if asked)."""
+    return [sum(1 for r in reports if r["rank"] == rank and (r["checkpoint"] or not checkpoint)) for rank in (0, 1)]
+
+
+def equal_reports(reports: list[dict]):
+    epochs, counts = lab_args().epochs, made(reports)
     failure = None
-    if reports != [epochs, epochs]:
-        failure = f"rank 0 called ray.train.report {reports[0]} time(s), rank 1 {reports[1]}, in {epochs} epochs"
+    if counts != [epochs, epochs]:
+        failure = f"rank 0 called ray.train.report {counts[0]} time(s), rank 1 {counts[1]}, in {epochs} epochs"
     return Outcome(EQUAL_REPORTS, failure, "every rank reports, with a checkpoint or without one; Ray keeps rank "
                                            "0's metrics, and the checkpoint of any rank that attaches one")
+
+
+def one_checkpoint(reports: list[dict], result):
+    epochs, attached = lab_args().epochs, made(reports, checkpoint=True)
+    kept = len(getattr(result, "best_checkpoints", None) or [])
+    failure = None
+    if attached != [epochs, 0]:
+        failure = f"rank 0 attached a checkpoint {attached[0]} time(s), rank 1 {attached[1]}, in {epochs} epochs"
+    elif kept != epochs:
+        failure = f"the run kept {kept} checkpoint(s) in {epochs} epochs"
+    return Outcome(ONE_CHECKPOINT, failure, "DDP's ranks hold the same weights: one rank's copy is the checkpoint, "
+                                            "another's would only be written and uploaded again")

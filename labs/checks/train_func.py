@@ -1,83 +1,154 @@
-"""Lab 02's checks: lab 01's solution under torchrun's environment (2 processes, labs.checks.ddp), while Ray starts
-and runs the lab's fit() on 2 workers for 1 epoch, then fit() for 2 epochs under the same run name. The workers
-record into a file of the check's folder each epoch they train (augment_batch is told the epoch)."""
+"""Lab 02's checks: lab 01's solution under torchrun's environment for 3 epochs, uninterrupted (2 processes,
+labs.checks.ddp), while Ray starts and runs the lab's fit() for 2 epochs, then fit() for 3 under the same run name.
+In every process of Ray's job, augment_batch records which images each rank trained in which epoch, and
+ray.train.report each report: its rank, its checkpoint, its metrics and a digest of the rank's weights
+(labs.watch)."""
 import tempfile
 from pathlib import Path
 
-import ray.train
 import torch
 
-from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, results, start_ranks, start_ray
+from labs import watch
+from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, results, start_ranks, start_ray
 
-AS_TORCHRUN = "2 Ray workers report torchrun's loss and accuracy, and keep a checkpoint"
-RESUMES = "a run started again under its name resumes after its last checkpoint, ending with torchrun's weights"
+ON_RAY = "fit() trains train_func on 2 Ray workers in one process group, in the run `name` under storage"
+SAME_TRAINING = "the workers train torchrun's shards of every epoch, and keep the same weights (gradients averaged)"
+REPORTS = "every epoch, every rank reports once, and the run keeps rank 0's checkpoint with torchrun's metrics"
+RESUMES = ("a run started again under its name trains only the epochs left, and its checkpoint then holds what an "
+           "uninterrupted run's does: weights, optimizer state, history")
+CHECKS = [ON_RAY, SAME_TRAINING, REPORTS, RESUMES]
 TORCHRUN_LAB = ROOT / "labs" / "solutions" / "01_ddp.py"
-
-
-class RecordingEpochs:
-    """augment_batch, writing the epoch of every batch it augments into a file."""
-
-    def __init__(self, augment_batch, log: Path):
-        self.augment_batch, self.log = augment_batch, log
-
-    def __call__(self, images, ids, epoch, seed):
-        with open(self.log, "a") as log:
-            log.write(f"{epoch}\n")
-        return self.augment_batch(images, ids, epoch, seed)
+NAME, EPOCHS = "lab02", 3  # the second run's epochs; the first run trains lab_args().epochs (2)
 
 
 def run(lab_file, address) -> list:
     lab = load_lab(lab_file)
     with tempfile.TemporaryDirectory() as folder:
-        torchrun_ranks = start_ranks("labs.checks.ddp:watched_main", TORCHRUN_LAB, 2, Path(folder))  # as Ray starts
-        start_ray(address)
+        folder = Path(folder)
+        (folder / "torchrun").mkdir()
+        (folder / "calls").mkdir()
+        torchrun_ranks = start_ranks(f"{__name__}:uninterrupted", TORCHRUN_LAB, 2, folder / "torchrun")
+        start_ray(address, watch.environment(folder / "calls", ["augment_batch", "build_model", "report"]))
         try:
-            first, resumed = fit_twice(lab, Path(folder))
-        except ray.train.TrainingFailedError as error:
-            return crashed([AS_TORCHRUN, RESUMES], str(error).strip().splitlines()[-1])
+            runs = fit_twice(lab, folder)
+        except Exception as error:  # the run failed (TrainingFailedError), or fit() itself did
+            return crashed(CHECKS, ray_error(error))
         finally:
-            torchrun = results(torchrun_ranks, Path(folder))[0]
-    return [as_torchrun(first, torchrun), resumes(first, *resumed, torchrun)]
+            torchrun = results(torchrun_ranks, folder / "torchrun")
+        (first, first_calls), (resumed, resumed_calls) = runs
+        return [on_ray(first, first_calls, folder / "storage"), same_training(first_calls + resumed_calls, torchrun),
+                reports(first, first_calls, torchrun[0]), resumes(resumed, resumed_calls, torchrun[0])]
 
 
-def fit_twice(lab, folder: Path):
-    """The lab's fit() for 1 epoch, then for 2 under the same name: the first run's result, and the second's
-    trained epochs and last checkpoint's weights."""
-    storage, log = str(folder / "storage"), folder / "epochs"
-    lab.augment_batch = RecordingEpochs(lab.augment_batch, log)
-    first = lab.fit(lab_args("--epochs", "1"), storage, "lab02")
-    log.write_text("")
-    resumed = lab.fit(lab_args("--epochs", "2"), storage, "lab02")
-    return first, (sorted({int(epoch) + 1 for epoch in log.read_text().split()}), checkpoint_weights(resumed))
+def uninterrupted(lab_file) -> dict:
+    from labs.checks import ddp
+
+    return ddp.watched_main(lab_file, "--epochs", str(EPOCHS))
 
 
-def checkpoint_weights(result) -> dict | None:
-    if result.checkpoint is None:
+def fit_twice(lab, folder: Path) -> list:
+    """The lab's fit() for 2 epochs, then for 3 under the same name: each run's result and the calls its workers
+    made."""
+    runs = []
+    for epochs in (lab_args().epochs, EPOCHS):
+        result = lab.fit(lab_args("--epochs", str(epochs)), str(folder / "storage"), NAME)
+        runs.append((result, watch.read(folder / "calls")))
+        for calls in (folder / "calls").iterdir():
+            calls.unlink()
+    return runs
+
+
+def trained(calls: list[dict], function: str = "augment_batch") -> list[dict]:
+    return [call for call in calls if call["function"] == function]
+
+
+def on_ray(first, calls: list[dict], storage: Path):
+    steps = trained(calls)
+    processes, groups = {call["pid"] for call in steps}, sorted({call["group"] for call in steps})
+    failure = None
+    if not steps:
+        failure = "no Ray worker trained anything"
+    elif any(call["actor"] is None for call in steps):
+        failure = "train_func ran outside Ray's workers (in the driver?)"
+    elif len(processes) != 2 or groups != [2]:
+        failure = f"{len(processes)} Ray worker(s) trained, in process groups of {groups}"
+    elif not hasattr(first, "checkpoint"):
+        failure = f"fit() returned {first!r}, not the run's Result"
+    elif not (storage / NAME).is_dir():
+        failure = f"nothing under storage/{NAME}: the run is named otherwise, or stored elsewhere"
+    return Outcome(ON_RAY, failure, "TorchTrainer runs train_func in each worker that ScalingConfig asks for (Ray "
+                                    "starts their process group); RunConfig names the run and its storage")
+
+
+def same_training(calls: list[dict], torchrun: list[dict]):
+    """Each rank's images, epoch by epoch, against torchrun's ranks'; the ranks' weights at every report."""
+    expected = {(rank["rank"], step["epoch"], tuple(step["ids"])) for rank in torchrun for step in rank["steps"]}
+    steps = {(call["rank"], call["epoch"], tuple(call["ids"])) for call in trained(calls)}
+    if not steps:
+        return Outcome(SAME_TRAINING, "no worker trained (above)", "")
+    if not steps <= expected:
+        return Outcome(SAME_TRAINING, "the workers trained other images than torchrun's ranks, in some epoch",
+                       "each worker trains its own shard of the data (the sampler, which Ray's prepare_data_loader "
+                       "keeps), shuffled with --seed and anew each epoch (set_epoch)")
+    reports = trained(calls, "report")
+    for epoch in sorted({report["metrics"].get("epoch") for report in reports}, key=str):
+        digests = {report["weights"] for report in reports if report["metrics"].get("epoch") == epoch}
+        if len(digests) > 1:
+            return Outcome(SAME_TRAINING, f"at the report of epoch {epoch}, rank 0's and rank 1's weights differ",
+                           "each worker's gradients come from its own images: DDP averages them over the workers "
+                           "in backward (Ray's prepare_model wraps the model in it)")
+    return Outcome(SAME_TRAINING, None, "")
+
+
+def reports(first, calls: list[dict], torchrun: dict):
+    hint = ("ray.train.report is how a worker hands Ray its metrics and checkpoint, once per epoch on every rank: "
+            "Ray keeps rank 0's metrics, and the checkpoint of any rank that attaches one")
+    epochs = lab_args().epochs
+    made = [sum(1 for report in trained(calls, "report") if report["rank"] == rank) for rank in (0, 1)]
+    kept = getattr(first, "best_checkpoints", None) or []
+    expected = torchrun["history"][:epochs]
+    if made != [epochs, epochs]:
+        failure = f"in {epochs} epochs, rank 0 reported {made[0]} time(s), rank 1 {made[1]}"
+    elif len(kept) != epochs:
+        failure = f"the run kept {len(kept)} checkpoint(s) in {epochs} epochs"
+    elif [{key: metrics.get(key) for key in expected[0]} for _, metrics in kept] != expected:
+        failure = f"the run's checkpoints came with {[metrics for _, metrics in kept]}; torchrun's epochs: {expected}"
+    else:
+        failure = None
+    return Outcome(REPORTS, failure, hint)
+
+
+def resumes(resumed, calls: list[dict], torchrun: dict):
+    hint = ("Ray hands a resumed run's workers the last checkpoint the run reported (ray.train.get_checkpoint): "
+            "training goes on after its epoch, from everything it holds")
+    epochs = sorted({call["epoch"] + 1 for call in trained(calls)})
+    if epochs != [EPOCHS]:
+        return Outcome(RESUMES, f"the run started again for {EPOCHS} epochs trained epoch(s) {epochs}", hint)
+    state = last_checkpoint(resumed)
+    if state is None:
+        return Outcome(RESUMES, "the run started again kept no checkpoint", hint)
+    differing = [field for field, same in [
+        ("weights", equal(state.get("model"), torchrun["weights"])),
+        ("optimizer state", equal(state.get("optimizer", {}).get("state"), torchrun["optimizer"]["state"])),
+        ("history", state.get("history") == torchrun["history"]),
+        ("epoch", state.get("epoch") == EPOCHS - 1)] if not same]
+    if differing:
+        return Outcome(RESUMES, f"after the resumed run, the checkpoint's {', '.join(differing)} differ(s) from an "
+                                f"uninterrupted run's ({EPOCHS} epochs of torchrun)", hint)
+    return Outcome(RESUMES, None, hint)
+
+
+def last_checkpoint(result) -> dict | None:
+    if getattr(result, "checkpoint", None) is None:
         return None
     with result.checkpoint.as_directory() as folder:
-        return torch.load(Path(folder) / "checkpoint.pt", weights_only=True)["model"]
+        return torch.load(Path(folder) / "checkpoint.pt", weights_only=True)
 
 
-def as_torchrun(first, torchrun: dict):
-    expected = torchrun["history"][0]
-    hint = ("Ray keeps what the workers hand to ray.train.report: rank 0's metrics, and the checkpoint of any rank "
-            "that attaches one")
-    if first.metrics is None:
-        return Outcome(AS_TORCHRUN, "the run reported no metrics (nor a checkpoint)", hint)
-    reported = {key: first.metrics.get(key) for key in expected}
-    if reported != expected:
-        return Outcome(AS_TORCHRUN, f"the run reported {reported}; torchrun's epoch 1 is {expected}", hint)
-    if first.checkpoint is None:
-        return Outcome(AS_TORCHRUN, "the run kept no checkpoint", hint)
-    return Outcome(AS_TORCHRUN, None, hint)
-
-
-def resumes(first, trained: list[int], weights: dict | None, torchrun: dict):
-    hint = ("Ray hands a resumed run's workers the last checkpoint the run reported (ray.train.get_checkpoint); "
-            "training starts after its epoch, from its state")
-    if trained != [2]:
-        kept = "" if first.checkpoint else " (the first run kept no checkpoint)"
-        return Outcome(RESUMES, f"the run started again for 2 epochs trained epoch(s) {trained}{kept}", hint)
-    if weights is None or any(not torch.equal(weights[k], torchrun["weights"][k]) for k in torchrun["weights"]):
-        return Outcome(RESUMES, "the resumed run ended with other weights than torchrun's after 2 epochs", hint)
-    return Outcome(RESUMES, None, hint)
+def equal(a, b) -> bool:
+    """Two nested dicts of tensors, bit for bit."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a, b)
+    return a == b

@@ -1,0 +1,145 @@
+"""What a Ray lab's check watches in the processes where Ray runs the attendee's code. Ray runs setup_worker first in
+every process of the check's job: it replaces the watched functions in the modules that define them, at the moment
+those modules are imported (torch imported earlier would train with a thread per core), so that the lab's code gets
+them however it imports them (an alias, `import common as c`, a name pickled with its function). Each call is
+written as a line of JSON into a file of the check's folder, which read() collects. No torch at this module's top."""
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+from pathlib import Path
+
+import ray
+
+from common.worker_setup import setup_worker as setup_ray_worker
+
+FOLDER, WATCHED = "LABS_WATCH_FOLDER", "LABS_WATCHED"  # the environment Ray hands on to the job's processes
+MODELS = []  # the models built in this process, for the weights' digest at each report
+
+
+def environment(folder, watched: list[str]) -> dict:
+    """The job's environment variables that make setup_worker watch these functions (keys of WATCHERS)."""
+    return {FOLDER: str(folder), WATCHED: ",".join(watched)}
+
+
+def setup_worker() -> None:
+    setup_ray_worker()
+    if watched := os.environ.get(WATCHED):
+        replace_on_import({name: WATCHERS[name] for name in watched.split(",")})
+
+
+def read(folder) -> list[dict]:
+    """Every call recorded, process by process, in the order each process made them."""
+    return [json.loads(line) for path in sorted(Path(folder).glob("calls-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def record(function: str, **values) -> None:
+    dist = sys.modules.get("torch.distributed")
+    in_group = dist is not None and dist.is_available() and dist.is_initialized()
+    values.update(function=function, pid=os.getpid(), actor=ray.get_runtime_context().get_actor_id(),
+                  rank=dist.get_rank() if in_group else None, group=dist.get_world_size() if in_group else 1)
+    with open(Path(os.environ[FOLDER], f"calls-{os.getpid()}.jsonl"), "a") as calls:
+        calls.write(json.dumps(values) + "\n")
+
+
+def watched_augment_batch(augment_batch):
+    def augment_batch_recording(images, ids, epoch, seed):
+        record("augment_batch", epoch=epoch, ids=ids.tolist())
+        return augment_batch(images, ids, epoch, seed)
+    return augment_batch_recording
+
+
+def watched_build_model(build_model):
+    def build_model_recording(*args, **kwargs):
+        record("build_model")
+        MODELS.append(build_model(*args, **kwargs))
+        return MODELS[-1]
+    return build_model_recording
+
+
+def watched_predict(predict):
+    def predict_recording(model, images):
+        record("predict", images=len(images), model=id(model))
+        return predict(model, images)
+    return predict_recording
+
+
+def watched_load_data(load_data):
+    """load_data, recording the data asked for and loading the synthetic images instead (nothing downloads)."""
+    def load_data_recording(name, data_dir, eval_images=None):
+        record("load_data", data=name)
+        return load_data("synthetic", data_dir, eval_images)
+    return load_data_recording
+
+
+def watched_report(report):
+    def report_recording(metrics, *args, **kwargs):
+        checkpoint = kwargs.get("checkpoint", args[0] if args else None)
+        record("report", checkpoint=checkpoint is not None, weights=weights_digest(),
+               metrics={k: v for k, v in metrics.items() if isinstance(v, int | float | str)})
+        return report(metrics, *args, **kwargs)
+    return report_recording
+
+
+def weights_digest() -> str | None:
+    """A digest of the weights of the last model built in this process: the same on two ranks only if bit for bit."""
+    if not MODELS:
+        return None
+    digest = hashlib.sha1()
+    for value in MODELS[-1].state_dict().values():
+        digest.update(value.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# What a check may watch: each function, by where it is defined, and where else a lab may find it.
+WATCHERS = {
+    "augment_batch": (watched_augment_batch, ["common.data"]),
+    "build_model": (watched_build_model, ["common.model"]),
+    "predict": (watched_predict, ["common.training"]),
+    "load_data": (watched_load_data, ["common.data"]),
+    "report": (watched_report, ["ray.train.v2.api.train_fn_utils", "ray.train"]),
+}
+
+
+def replace_on_import(watchers: dict) -> None:
+    """Each watched function replaced in its modules: now in those already imported, later in the others, as soon
+    as they are."""
+    by_module = {}
+    for name, (watch, modules) in watchers.items():
+        for module in modules:
+            by_module.setdefault(module, {})[name] = watch
+    for module in [m for m in by_module if m in sys.modules]:
+        replace(sys.modules[module], by_module.pop(module))
+    if by_module:
+        sys.meta_path.insert(0, ReplacingFinder(by_module))
+
+
+def replace(module, watchers: dict) -> None:
+    for name, watch in watchers.items():
+        function = getattr(module, name)
+        if not getattr(function, "watched", False):  # a module that imported it from one already watched
+            setattr(module, name, watch(function))
+            getattr(module, name).watched = True
+
+
+class ReplacingFinder(importlib.abc.MetaPathFinder):
+    """Finds the watched modules as Python would, and replaces the watched functions once a module has run."""
+
+    def __init__(self, by_module: dict):
+        self.by_module = by_module
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.by_module:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        execute, watchers = spec.loader.exec_module, self.by_module[name]
+
+        def exec_module(module):
+            execute(module)
+            replace(module, watchers)
+
+        spec.loader.exec_module = exec_module
+        return spec
