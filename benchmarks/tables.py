@@ -36,8 +36,9 @@ RECIPE = PUBLISHED / "recipe" / "results.json"
 TUNE = PUBLISHED / "tune-sweep" / "results.json"
 PROFILE = PUBLISHED / "profile" / "results.json"
 REHEARSAL = PUBLISHED / "rehearsal" / "results.json"
+LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "slides/workshop.md", "slides/README.md",
-             "TROUBLESHOOTING.md"]
+             "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 # What each steps-section run is, for a reader: the step and the command's difference.
@@ -477,6 +478,25 @@ def diffs_slide(results: dict) -> list:
     return lines
 
 
+def lab_times(results: dict, labs: tuple = ()) -> list:
+    """Each lab's check (only labs, if given) on its untouched starting file and on its solution."""
+    files = {}
+    for run in results["runs"]:
+        files.setdefault(run["lab"], {})[run["file"]] = run
+    lines = ["| lab | `python -m labs.check LAB`, on the untouched file | on the solution |", "|---|---|---|"]
+    for lab, runs_of_lab in files.items():
+        if lab in labs or not labs:
+            lines.append(f"| {lab} | {lab_time(runs_of_lab['untouched'])} | {lab_time(runs_of_lab['solution'])} |")
+    busiest = max(run["load_before"] for run in results["runs"])
+    return lines + ["", f"Wall clock with Python's start, one run each, one after the other, nothing else running "
+                        f"(load average before each run at most {busiest:.2f}); measured on {results['machine']}; "
+                        f"{results['date']}, commit {results['commit']}."]
+
+
+def lab_time(run: dict) -> str:
+    return f"{run['seconds']:.0f} s ({run['passed'] or 'no'} checks passed)"
+
+
 TABLES = {
     "path": (STEPS, path_table),
     "comparison": (STEPS, comparison_table),
@@ -496,6 +516,10 @@ TABLES = {
     "ray-start-slide": (STEPS, ray_start_slide),
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
+    "lab-times": (LAB_TIMES, lab_times),
+    **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
+        ("01", ("01",)), ("02", ("02", "02-hang")), ("04", ("04", "04-accumulate")), ("05", ("05",)),
+        ("06", ("06",))]},
 }
 
 

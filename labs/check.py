@@ -5,10 +5,16 @@ exits with 1 if any failed.
 """
 import argparse
 import importlib
+import os
+import threading
 import time
 from dataclasses import dataclass
 
-from labs.harness import ROOT
+from labs.harness import ROOT, Outcome
+
+# Every wait inside a check has a deadline of its own (a collective's, a report's, an actor pool's start); a run that
+# waits for anything else ends here, several times the slowest check's time on a busy 2-core machine.
+DEADLINE_S = float(os.environ.get("LABS_DEADLINE_S", 300))
 
 
 @dataclass
@@ -46,14 +52,32 @@ def main(argv=None) -> int:
     print(f"lab {args.lab}: {lab.task}\nchecking {path}", flush=True)
     start = time.monotonic()
     checks = importlib.import_module(lab.checks)
+    deadline = threading.Timer(DEADLINE_S, give_up, (checks.CHECKS,))
+    deadline.daemon = True
+    deadline.start()
     outcomes = checks.run(path, args.address) if lab.ray else checks.run(path)
+    deadline.cancel()
+    report(outcomes, start)
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def report(outcomes: list, start: float) -> None:
     for o in outcomes:
         print(f"PASS  {o.check}" if o.passed else f"FAIL  {o.check}: {o.failure}")
         if o.hint and not o.passed:
             print(f"      hint: {o.hint}")
-    passed = sum(o.passed for o in outcomes)
-    print(f"{passed} of {len(outcomes)} checks passed in {time.monotonic() - start:.0f} s")
-    return 0 if passed == len(outcomes) else 1
+    print(f"{sum(o.passed for o in outcomes)} of {len(outcomes)} checks passed in {time.monotonic() - start:.0f} s",
+          flush=True)
+
+
+def give_up(checks: list[str]) -> None:
+    """The check's deadline: every check failed, and the process ends (its Ray with it)."""
+    hung = Outcome(checks[0], f"the run hung: it did not end within the check's {DEADLINE_S:.0f} s",
+                   "a run that neither ends nor fails waits for something: py-spy dump --pid PID shows where each "
+                   "process waits (TROUBLESHOOTING.md: the run hangs at a report or a collective)")
+    report([hung, *(Outcome(check, "the run did not finish (above)", "") for check in checks[1:])],
+           time.monotonic() - DEADLINE_S)
+    os._exit(1)
 
 
 if __name__ == "__main__":

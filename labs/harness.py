@@ -51,8 +51,7 @@ def crashed(checks: list[str], error: str) -> list[Outcome]:
     waited in a collective in vain)."""
     error = re.sub(r"\[\S+\.(cc|cpp):\d+\] ", "", error).split(" This is typically")[0]  # gloo's source line
     hung = any(sign in error.lower() for sign in HANG_SIGNS)
-    failure = (f"the ranks' collectives did not match: one waited in vain, then failed: {error}" if hung
-               else f"the run did not finish: {error}")
+    failure = f"the run hung: {error}" if hung else f"the run did not finish: {error}"
     return [Outcome(checks[0], failure, HANG_HINT if hung else "fix the error shown above first"),
             *(Outcome(check, "the run did not finish (above)", "") for check in checks[1:])]
 

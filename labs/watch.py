@@ -53,18 +53,14 @@ def watched_augment_batch(augment_batch):
 
 
 def watched_build_model(build_model):
+    """build_model, recording each build and each forward pass of the models it builds (with its batch's size)."""
     def build_model_recording(*args, **kwargs):
         record("build_model")
         MODELS.append(build_model(*args, **kwargs))
+        MODELS[-1].register_forward_pre_hook(lambda model, inputs: record("forward", images=len(inputs[0]),
+                                                                          model=id(model)))
         return MODELS[-1]
     return build_model_recording
-
-
-def watched_predict(predict):
-    def predict_recording(model, images):
-        record("predict", images=len(images), model=id(model))
-        return predict(model, images)
-    return predict_recording
 
 
 def watched_load_data(load_data):
@@ -98,7 +94,6 @@ def weights_digest() -> str | None:
 WATCHERS = {
     "augment_batch": (watched_augment_batch, ["common.data"]),
     "build_model": (watched_build_model, ["common.model"]),
-    "predict": (watched_predict, ["common.training"]),
     "load_data": (watched_load_data, ["common.data"]),
     "report": (watched_report, ["ray.train.v2.api.train_fn_utils", "ray.train"]),
 }

@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -43,9 +44,11 @@ STARTING_FAILURES = {
                       "14 reduce-scatters per optimizer step of 2 micro-batches; the model's 7 units need 7",
                       "8 losses reported for 4 optimizer steps"],
     "05": ["the trials asked load_data for ['cifar10'] (scored on the test set)",
-           "Tune saw no result of any of the 3 trials"],
-    "06": [re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
-           "the output rows have columns ['predicted', 'probability']: no id says which image"],
+           "SEARCH_SPACE has no Tune distribution for lr: None",
+           "Tune saw no result of any of the 3 trials", "no ASHA scheduler saw a result"],
+    "06": [re.compile(r"the model ran in \d process\(es\) that are not actors"),
+           re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
+           "the output rows have columns ['predicted', 'probability']: no id and label say which image"],
 }
 # The step script whose lesson each lab is.
 STEP_SCRIPTS = {
@@ -56,7 +59,11 @@ STEP_SCRIPTS = {
 }
 # What a solution adds that its step script writes otherwise, and why.
 UNLIKE_THE_SCRIPT = {
-    "02": {"ray.train.report(history[-1], checkpoint=checkpoint)"},  # the script's metrics add its run's summary
+    "02": {"ray.train.report(history[-1], checkpoint=checkpoint)",  # the script's metrics add its run's summary
+           # the script's run also has a FailureConfig, a LoggingConfig and a CheckpointConfig, and prints its result
+           "trainer = TorchTrainer(train_func, train_loop_config=vars(args), scaling_config=ScalingConfig("
+           "num_workers=2), run_config=RunConfig(name=name, storage_path=storage))",
+           "return trainer.fit()"},
 }
 STEP_05 = "05-ray-tune/tune_ray_ddp.py"
 STEP_06 = "06-ray-data-inference/batch_inference.py"
@@ -104,7 +111,8 @@ def test_every_check_passes_on_the_solution(request, lab):
 
 @dataclass
 class WrongAnswer:
-    """A mistake people make, written as edits of the lab's solution (each old text must be there), and what the
+    """A mistake people make, written as edits of the lab's solution or starting file (each old text must be there),
+    and what the
     check must say: the number of the check that fails (counted from 1, in the order the check prints them), words
     of what it saw, and words of its hint, which names the concept."""
     name: str
@@ -112,6 +120,7 @@ class WrongAnswer:
     check: int
     failure: str
     hint: str
+    of_the_starting_file: bool = False  # edits of the untouched file instead
 
 
 WRONG_ANSWERS = {
@@ -146,7 +155,7 @@ WRONG_ANSWERS = {
                     1, "the process group was still open when main() returned", "destroy_process_group"),
         WrongAnswer("the accuracy reduced on rank 0 only", [
             ("        dist.all_reduce(tally)", "        if rank == 0:\n            dist.all_reduce(tally)")],
-                    1, "collectives did not match", "the same collectives, in the same order"),
+                    1, "the run hung: RuntimeError", "the same collectives, in the same order"),
     ],
     "02": [
         WrongAnswer("a report on rank 0 only", [
@@ -198,6 +207,53 @@ WRONG_ANSWERS = {
              "        ray.train.report(")],
                     1, "No such file or directory", "report before the temporary folder is deleted"),
     ],
+    "05": [
+        WrongAnswer("tuned on the test set", [("dict(vars(args), data=\"cifar10-val\", **SEARCH_SPACE)",
+                                               "dict(vars(args), **SEARCH_SPACE)")],
+                    1, "the trials asked load_data for ['cifar10'] (scored on the test set)", "tune on the held-out"),
+        WrongAnswer("lr on a linear scale",
+                    [("ray.tune.qloguniform(5e-4, 6e-3, 1e-4)", "ray.tune.uniform(5e-4, 6e-3)")],
+                    2, "lr is sampled by Uniform, not on a log scale", "by its order of magnitude"),
+        WrongAnswer("a range without the recipe's", [("ray.tune.qloguniform(5e-4, 6e-3, 1e-4)",
+                                                      "ray.tune.qloguniform(1e-5, 1e-3, 1e-5)")],
+                    2, "lr's range [1e-05, 0.001] leaves out the recipe's 0.002", "holds the recipe's value"),
+        WrongAnswer("no callback to Tune", [
+            (",\n                             # Every ray.train.report also reaches Tune (and ASHA):\n"
+             "                             callbacks=[TuneReportCallback()]", "")],
+                    3, "Tune saw no result of any of the 3 trials", "through a callback of the run"),
+        WrongAnswer("no rung before the last epoch", [("grace_period=1", "grace_period=2")],
+                    4, "ASHA stopped no trial before epoch 2", "compares each trial at its rungs"),
+        WrongAnswer("ASHA not handed to Tune", [("search_alg=search, scheduler=asha)", "search_alg=search)")],
+                    4, "no ASHA scheduler saw a result", "compares each trial at its rungs"),
+    ],
+    "06": [
+        WrongAnswer("a function with the model cached per process", [
+            ("def classify_batch(",
+             "MODELS = {}  # preset -> model, built once in each process\n\n\ndef classify_batch("),
+            ("    model = build_model(preset)\n    model.load_state_dict(ray.get(weights_ref))\n",
+             "    if preset not in MODELS:\n        MODELS[preset] = build_model(preset)\n"
+             "        MODELS[preset].load_state_dict(ray.get(weights_ref))\n    model = MODELS[preset]\n")],
+                    1, "process(es) that are not actors (Ray tasks)", "given a function, it runs tasks",
+                    of_the_starting_file=True),
+        WrongAnswer("a pool of 1", [("ActorPoolStrategy(size=2)", "ActorPoolStrategy(size=1)")],
+                    1, "the model ran in 1 actor(s), not a pool of 2", "starts a pool of actors"),
+        WrongAnswer("the model built per batch", [
+            ("        self.device = torch.device(device)\n        self.model = build_model(preset)\n"
+             "        self.model.load_state_dict(ray.get(weights_ref))\n        self.model.to(self.device).eval()\n",
+             "        self.device, self.preset, self.weights_ref = torch.device(device), preset, weights_ref\n"),
+            ("        images = torch.tensor(", "        self.model = build_model(self.preset)\n"
+             "        self.model.load_state_dict(ray.get(self.weights_ref))\n"
+             "        self.model.to(self.device).eval()\n        images = torch.tensor(")],
+                    2, "the model was built ", "build the model in the constructor"),
+        WrongAnswer("the ids dropped", [("return dict(batch, predicted=", "return dict(predicted=")],
+                    3, "no id and label say which image", "keep its input columns"),
+        WrongAnswer("no mirror image", [
+            ("from common import build_model, predict", "from common import build_model, normalize, predict"),
+            ("predict(self.model, images).max(1)", "self.model(normalize(images)).softmax(1).max(1)")],
+                    3, "predictions or probabilities differ from the step script's", "its mirror image"),
+        WrongAnswer("the weights never loaded", [("        self.model.load_state_dict(ray.get(weights_ref))\n", "")],
+                    3, "predictions or probabilities differ from the step script's", "the weights handed in"),
+    ],
     "04": [
         WrongAnswer("the root left out", [("    fully_shard(model, mesh=mesh, reshard_after_forward=False)\n", "")],
                     1, "of them whole, not sharded", "a module never given to it stays whole"),
@@ -241,7 +297,7 @@ WRONG_ANSWERS = {
 @pytest.mark.parametrize("lab, wrong", [(lab, wrong) for lab, answers in WRONG_ANSWERS.items() for wrong in answers],
                          ids=lambda value: value.name.replace(" ", "-") if isinstance(value, WrongAnswer) else value)
 def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path, lab, wrong):
-    answer = lab_file(lab, "labs/solutions").read_text()
+    answer = lab_file(lab, "labs" if wrong.of_the_starting_file else "labs/solutions").read_text()
     for old, new in wrong.edits:
         assert old in answer, old
         answer = answer.replace(old, new)
@@ -251,6 +307,36 @@ def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path
     assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
     failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
     assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
+
+
+def imported_otherwise(source: str) -> str:
+    """The file with `import common as shared` in place of `from common import ...`, and its names used through it,
+    so that a check that watched the names the lab imports would see none of the calls."""
+    names = []
+    for line in re.findall(r"^from common import .*$", source, flags=re.MULTILINE):
+        names += [name.strip() for name in line.split("import", 1)[1].split("#")[0].split(",")]
+        source = source.replace(line + "\n", "", 1)
+    source = re.sub(r"^import torch$", "import torch\n\nimport common as shared", source, count=1, flags=re.MULTILINE)
+    return re.sub(rf"(?<![.\w])({'|'.join(names)})\b", r"shared.\1", source)
+
+
+@pytest.mark.parametrize("lab, wrong", [("01", None), ("02", None), ("06", None), ("01", "no DDP"),
+                                        ("05", "tuned on the test set"), ("06", "the model built per batch")])
+def test_a_check_watches_common_however_the_lab_imports_it(request, tmp_path, lab, wrong):
+    """The checks replace common's functions in the modules that define them, in the check's processes and in
+    Ray's: a solution that imports common under another name passes, a wrong answer that does still fails."""
+    answer = lab_file(lab, "labs/solutions").read_text()
+    wrong = next((answer for answer in WRONG_ANSWERS[lab] if answer.name == wrong), None)
+    for old, new in wrong.edits if wrong else []:
+        answer = answer.replace(old, new)
+    (tmp_path / LABS[lab].file).write_text(imported_otherwise(answer))
+    assert "shared.build_model(" in imported_otherwise(answer) and "from common" not in imported_otherwise(answer)
+    result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
+    lines = verdicts(result.stdout)
+    if wrong is None:
+        assert result.returncode == 0 and all(line.startswith("PASS") for line in lines), result.stdout
+    else:
+        assert lines[wrong.check - 1].startswith("FAIL") and wrong.failure in lines[wrong.check - 1], result.stdout
 
 
 def hint_of(stdout: str, line: str) -> str:
@@ -286,10 +372,34 @@ def test_lab06_solution_loads_the_model_as_the_step_script_does():
 
 
 def test_lab05_solution_schedules_and_searches_as_the_step_script_does():
-    """ASHA with the script's arguments (its --grace-period's default is 1), over some of the script's knobs."""
+    """ASHA with the script's arguments (its --grace-period's default is 1), over two of the script's knobs, each
+    sampled as the script samples it (the TODO names the script's ranges)."""
     solution, script = (ast.parse(path.read_text()) for path in (lab_file("05", "labs/solutions"), ROOT / STEP_05))
     assert keywords(solution, "ASHAScheduler") == dict(keywords(script, "ASHAScheduler"), grace_period="1")
-    assert set(load_script("labs/solutions/05_tune.py").SEARCH_SPACE) < set(load_script(STEP_05).SEARCH_SPACE)
+    ours, theirs = load_script("labs/solutions/05_tune.py").SEARCH_SPACE, load_script(STEP_05).SEARCH_SPACE
+    assert set(ours) == {"lr", "weight_decay"} < set(theirs)
+    assert all(sampled(ours[key]) == sampled(theirs[key]) for key in ours), {k: sampled(v) for k, v in ours.items()}
+    assert "5e-4 to 6e-3" in lab_file("05").read_text() and "0.01 to 0.3" in lab_file("05").read_text()
+
+
+def sampled(domain) -> tuple:
+    """A Tune distribution's range and sampler: (lower, upper, LogUniform, q) for qloguniform."""
+    sampler = domain.get_sampler()
+    return domain.lower, domain.upper, type(getattr(sampler, "sampler", sampler)).__name__, getattr(sampler, "q", None)
+
+
+def test_a_check_that_hangs_ends_at_its_deadline(request, tmp_path, monkeypatch):
+    """A run that waits for something no timeout of its own covers (here, forever in the lab's code) ends at the
+    check's deadline, with every check failed and the hang's hint."""
+    (tmp_path / "lab.py").write_text("import time\n\n\ndef classify(dataset, preset, weights_ref):\n"
+                                     "    time.sleep(3600)\n")
+    monkeypatch.setenv("LABS_DEADLINE_S", "20")
+    start = time.monotonic()
+    result = check(request, "06", "--file", str(tmp_path / "lab.py"))
+    lines = verdicts(result.stdout)
+    assert result.returncode == 1 and time.monotonic() - start < 90, result.stdout + result.stderr[-3000:]
+    assert "the run hung: it did not end within the check's 20 s" in lines[0] and "py-spy dump" in result.stdout
+    assert len(lines) == 3 and all(line.startswith("FAIL") for line in lines)
 
 
 def keywords(module: ast.Module, function: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from labs.harness import COLLECTIVE_TIMEOUT_S, Outcome, lab_args, load_lab, ray_
 ENDS = f"the run ends without an error: no report waits {COLLECTIVE_TIMEOUT_S} s for a rank that never joins it"
 EQUAL_REPORTS = "every rank calls ray.train.report equally often: once per epoch"
 ONE_CHECKPOINT = "rank 0 alone attaches a checkpoint, and the run keeps one per epoch"
+CHECKS = [ENDS, EQUAL_REPORTS, ONE_CHECKPOINT]
 
 
 def run(lab_file, address) -> list:

@@ -1,52 +1,51 @@
-"""Lab 06's checks: the lab's classify() on the first 256 synthetic test images, with the seeded weights of the
-tiny model, against step 06's own Classifier on the same images. Every model the lab builds, in whichever Ray
-process, is counted into a file of the check's folder."""
+"""Lab 06's checks: the lab's classify() on the 255 synthetic evaluation images, with trained weights of the tiny
+model (weights()), against step 06's own Classifier on the same images. In every process of Ray's job,
+build_model records each model it builds and each forward pass of it (labs.watch): in which process, and whether
+that process is an actor."""
 import logging
-import os
 import tempfile
-from pathlib import Path
 
 import ray
 import ray.data
-import torch
 
-from common import build_model, load_data
-from labs.harness import Outcome, ROOT, lab_args, load_lab, start_ray
+from common import load_data
+from labs import reference, watch
+from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, start_ray
 
+POOL = "a pool of 2 actors classifies the images: every forward pass runs in one of 2 actor processes"
 ONCE_PER_ACTOR = "each actor builds the model and loads the weights once, not once per batch"
-SAME_PREDICTIONS = "every image's prediction is the step script's"
-BATCHES = 4  # of the lab's 64 images each
+SAME_PREDICTIONS = "every image keeps its id and label, and its prediction and probability are the step script's"
+CHECKS = [POOL, ONCE_PER_ACTOR, SAME_PREDICTIONS]
+BATCHES = 4  # blocks of the lab's 255 images: 64, 64, 64, 63
+ACTORS = 2
+# A pool whose actors cannot all start (more CPUs asked than the cluster has) fails after this, not never.
+ACTOR_START_TIMEOUT_S = 60
 STEP_SCRIPT = ROOT / "06-ray-data-inference" / "batch_inference.py"
-
-
-class CountingBuilds:
-    """build_model, writing the pid of every process that calls it into a file."""
-
-    def __init__(self, log: Path):
-        self.log = log
-
-    def __call__(self, preset: str):
-        with open(self.log, "a") as log:
-            log.write(f"{os.getpid()}\n")
-        return build_model(preset)
 
 
 def run(lab_file, address) -> list:
     lab, args = load_lab(lab_file), lab_args()
-    start_ray(address)
-    quiet_ray_data()
-    data = load_data(args.data, args.data_dir, args.eval_images)
-    torch.manual_seed(args.seed)
-    weights_ref = ray.put(build_model(args.model).state_dict())
     with tempfile.TemporaryDirectory() as folder:
-        log = Path(folder) / "builds"
-        log.touch()
-        lab.build_model = CountingBuilds(log)
-        rows = lab.classify(evaluation_set(data), args.model, weights_ref).take_all()
-        builders = log.read_text().split()
+        start_ray(address, watch.environment(folder, ["build_model"]))
+        quiet_ray_data()
+        data = load_data(args.data, args.data_dir, args.eval_images)
+        weights_ref = ray.put(weights(args))
+        try:
+            rows = lab.classify(evaluation_set(data), args.model, weights_ref).take_all()
+        except Exception as error:
+            return crashed(CHECKS, ray_error(error))
+        calls = watch.read(folder)
     expected = step_script_predictions(data, args.model, weights_ref)
     ray.shutdown()
-    return [once_per_actor(builders), same_predictions(rows, expected)]
+    builds = [call for call in calls if call["function"] == "build_model"]
+    forwards = [call for call in calls if call["function"] == "forward"]
+    return [pool(forwards), once_per_actor(builds, forwards), same_predictions(rows, expected, data)]
+
+
+def weights(args) -> dict:
+    """The tiny model after the lab's 2 short epochs of the recipe (labs.reference): a model just built has a head of
+    zeros, which gives every image 10% for every class, as would any model that loaded no weights."""
+    return reference.train(args, args.epochs)["weights"]
 
 
 def quiet_ray_data() -> None:
@@ -55,37 +54,57 @@ def quiet_ray_data() -> None:
     context = ray.data.DataContext.get_current()
     context.enable_operator_progress_bars = False
     context.print_on_execution_start = False
+    context.wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
 
 
 def evaluation_set(data) -> ray.data.Dataset:
-    """As step 06's, in BATCHES blocks: one batch of 64 each."""
+    """As step 06's, in BATCHES blocks."""
     rows = [dict(id=i, label=int(label), image=image)
             for i, (image, label) in enumerate(zip(data.test_images.numpy(), data.test_labels, strict=True))]
     return ray.data.from_items(rows, override_num_blocks=BATCHES)
 
 
-def step_script_predictions(data, preset: str, weights_ref) -> list[int]:
+def step_script_predictions(data, preset: str, weights_ref) -> dict:
     """Step 06's Classifier, called here on every image at once."""
     classifier = load_lab(STEP_SCRIPT).Classifier(preset, weights_ref, "cpu")
-    return classifier(dict(image=data.test_images.numpy()))["predicted"].tolist()
+    return classifier(dict(image=data.test_images.numpy()))
 
 
-def once_per_actor(builders: list[str]):
+def pool(forwards: list[dict]):
+    processes = {call["pid"] for call in forwards}
+    actors = {call["actor"] for call in forwards if call["actor"]}
     failure = None
-    if len(builders) != len(set(builders)) or len(builders) >= BATCHES:
-        failure = (f"the model was built {len(builders)} times, in {len(set(builders))} process(es), for "
-                   f"{BATCHES} batches")
-    return Outcome(ONCE_PER_ACTOR, failure, "map_batches given a class starts a pool of actors and constructs the "
-                                            "class once in each; given a function, it runs all of it for every "
-                                            "batch")
+    if any(call["actor"] is None for call in forwards):
+        failure = f"the model ran in {len(processes)} process(es) that are not actors (Ray tasks)"
+    elif len(actors) != ACTORS:
+        failure = f"the model ran in {len(actors)} actor(s), not a pool of {ACTORS}"
+    return Outcome(POOL, failure, "map_batches given a class (and a pool size: ActorPoolStrategy or concurrency) "
+                                  "starts a pool of actors that each keep their state; given a function, it runs "
+                                  "tasks, which keep nothing from one batch to the next")
 
 
-def same_predictions(rows: list[dict], expected: list[int]):
+def once_per_actor(builds: list[dict], forwards: list[dict]):
+    built = [call["pid"] for call in builds]
     failure = None
-    if rows and "id" not in rows[0]:
-        failure = f"the output rows have columns {sorted(rows[0])}: no id says which image a prediction is for"
-    elif sorted((row["id"], int(row["predicted"])) for row in rows) != list(enumerate(expected)):
-        wrong = sum(int(row["predicted"]) != expected[row["id"]] for row in rows)
-        failure = f"{wrong} of {len(expected)} predictions differ from the step script's ({len(rows)} rows out)"
-    return Outcome(SAME_PREDICTIONS, failure, "Ray Data returns batches in any order: each output row must keep "
-                                              "its input columns beside what the model adds")
+    if len(built) != len(set(built)) or not {call["pid"] for call in forwards} <= set(built):
+        failure = (f"the model was built {len(built)} times, in {len(set(built))} process(es), for {BATCHES} "
+                   "batches")
+    return Outcome(ONCE_PER_ACTOR, failure, "a class's constructor runs once in each actor of the pool, and "
+                                            "__call__ once per batch: build the model in the constructor")
+
+
+def same_predictions(rows: list[dict], expected: dict, data):
+    failure, hint = None, ("Ray Data returns batches in any order: each output row must keep its input columns "
+                           "beside what the model adds")
+    if rows and not {"id", "label"} <= set(rows[0]):
+        failure = f"the output rows have columns {sorted(rows[0])}: no id and label say which image a prediction is for"
+    elif sorted((row["id"], row["label"]) for row in rows) != list(enumerate(data.test_labels.tolist())):
+        failure = f"{len(rows)} rows out for {len(data.test_labels)} images, not one per image with its label"
+    else:
+        wrong = sum(int(row["predicted"]) != expected["predicted"][row["id"]] or
+                    abs(float(row["probability"]) - expected["probability"][row["id"]]) > 1e-5 for row in rows)
+        if wrong:
+            failure = f"{wrong} of {len(rows)} predictions or probabilities differ from the step script's"
+            hint = ("classify as the step script does: the weights handed in, the model in eval mode, and "
+                    "common.predict, which averages each image with its mirror image")
+    return Outcome(SAME_PREDICTIONS, failure, hint)

@@ -1,47 +1,61 @@
-"""Lab 05's checks: the lab's sweep() of 3 trials of 2 epochs, 1 worker each. The trials' load_data records the
-split each asks for into a file of the check's folder, and hands out the synthetic images instead."""
+"""Lab 05's checks: the lab's sweep() of 3 trials of 2 epochs, 1 worker each. In every process of Ray's job,
+load_data records the data a trial asks for and hands out the synthetic images instead (labs.watch); in this
+process, where Tune's controller runs, the ASHA scheduler's every decision is recorded."""
 import tempfile
-from pathlib import Path
 
-from common import load_data
-from labs.harness import Outcome, crashed, lab_args, load_lab, start_ray
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.search.sample import Domain, LogUniform
+
+from labs import watch
+from labs.harness import Outcome, crashed, lab_args, load_lab, ray_error, start_ray
 
 VALIDATION = "every trial trains and is scored on the validation split, not the test set"
-STOPPED = "ASHA stops a trial that scores below the median after its first epoch"
+SEARCHED = "lr and weight_decay are searched on a log scale around the recipe's, and every trial tries other values"
+SEEN = "Tune sees every epoch each trial's Ray Train run reports"
+COMPARED = "ASHA compares the trials after their first epoch: it stops one below the others, another trains to the end"
+CHECKS = [VALIDATION, SEARCHED, SEEN, COMPARED]
 TRIALS = 3
 # Long enough that the first epoch's accuracy tells the trials apart: after 4 steps they all sit near chance.
 LONGER_EPOCHS = ["--steps-per-epoch", "8"]
-
-
-class RecordingSplits:
-    """load_data, writing the name of the data each call asks for into a file, and loading the synthetic data."""
-
-    def __init__(self, log: Path):
-        self.log = log
-
-    def __call__(self, name: str, data_dir: str, eval_images: int | None = None):
-        with open(self.log, "a") as log:
-            log.write(f"{name}\n")
-        return load_data("synthetic", data_dir, eval_images)
+RECIPE = {"lr": 2e-3, "weight_decay": 0.05}  # the steps' defaults (common/flags.py)
 
 
 def run(lab_file, address) -> list:
     lab, args = load_lab(lab_file), lab_args(*LONGER_EPOCHS, "--data", "cifar10")  # the steps' default: test set
     args.num_samples = TRIALS
     # A trial that reports nothing to Tune ends as done, not as an error: the check then says what Tune saw.
-    start_ray(address, TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
-    with tempfile.TemporaryDirectory() as storage:
-        log = Path(storage) / "splits"
-        log.touch()
-        lab.load_data = RecordingSplits(log)
+    with tempfile.TemporaryDirectory() as storage, recording_decisions() as decisions:
+        start_ray(address, watch.environment(storage, ["load_data"]), TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
         args.checkpoint_dir = storage
-        results = list(lab.sweep(args, storage))
-        splits = sorted(set(log.read_text().split()))
+        try:
+            results = list(lab.sweep(args, storage))
+        except Exception as error:
+            return crashed(CHECKS, ray_error(error))
+        splits = sorted({call["data"] for call in watch.read(storage)})
     errors = [result.error for result in results if result.error]
     if errors:
-        return crashed([VALIDATION, STOPPED], f"{len(errors)} trial(s) failed: {errors[0]}")
-    epochs = [(result.metrics or {}).get("epoch", 0) for result in results]
-    return [validation(splits), stopped(epochs, args.epochs)]
+        return crashed(CHECKS, f"{len(errors)} trial(s) failed: {ray_error(errors[0])}")
+    return [validation(splits), searched(getattr(lab, "SEARCH_SPACE", {}), [r.config for r in results]),
+            seen(results, args.epochs), compared(decisions, args.epochs)]
+
+
+class recording_decisions:
+    """ASHA's decisions, (trial id, epoch, decision), while the sweep runs: its on_trial_result replaced in its
+    class, so whichever ASHA the lab makes records them."""
+
+    def __enter__(self) -> list:
+        decisions, self.decide = [], AsyncHyperBandScheduler.on_trial_result
+
+        def recorded(scheduler, tune_controller, trial, result):
+            decision = self.decide(scheduler, tune_controller, trial, result)
+            decisions.append((trial.trial_id, result.get(scheduler._time_attr), decision))
+            return decision
+
+        AsyncHyperBandScheduler.on_trial_result = recorded
+        return decisions
+
+    def __exit__(self, *exception):
+        AsyncHyperBandScheduler.on_trial_result = self.decide
 
 
 def validation(splits: list[str]):
@@ -53,12 +67,43 @@ def validation(splits: list[str]):
                                         "then measures nothing: tune on the held-out cifar10-val")
 
 
-def stopped(epochs: list[int], max_epochs: int):
-    if not any(epochs):
-        return Outcome(STOPPED, f"Tune saw no result of any of the {len(epochs)} trials",
-                       "Tune sees a Ray Train run's reports only through a callback of the run")
+def searched(space: dict, configs: list[dict]):
+    hint = ("a learning rate or a weight decay acts by its order of magnitude: sample it log-uniformly "
+            "(ray.tune.loguniform, qloguniform) over a range that holds the recipe's value")
+    for key, value in RECIPE.items():
+        domain = space.get(key)
+        if not isinstance(domain, Domain):
+            return Outcome(SEARCHED, f"SEARCH_SPACE has no Tune distribution for {key}: {domain!r}", hint)
+        sampler = domain.get_sampler()
+        if not isinstance(getattr(sampler, "sampler", sampler), LogUniform):
+            return Outcome(SEARCHED, f"{key} is sampled by {type(sampler).__name__.lstrip('_')}, not on a log "
+                                     "scale", hint)
+        if not domain.lower < value < domain.upper:
+            return Outcome(SEARCHED, f"{key}'s range [{domain.lower:g}, {domain.upper:g}] leaves out the recipe's "
+                                     f"{value:g}", hint)
+        if len({config[key] for config in configs}) != len(configs):
+            return Outcome(SEARCHED, f"the {len(configs)} trials tried {key} = "
+                                     f"{[config[key] for config in configs]}", hint)
+    return Outcome(SEARCHED, None, hint)
+
+
+def seen(results: list, epochs: int):
+    last = [(result.metrics or {}).get("epoch", 0) for result in results]
     failure = None
-    if all(epoch == max_epochs for epoch in epochs):
-        failure = f"all {len(epochs)} trials trained all {max_epochs} epochs"
-    return Outcome(STOPPED, failure, "a trial scheduler decides, at each report, whether a trial goes on; without "
-                                     "one, Tune runs every trial to its end")
+    if not any(last):
+        failure = f"Tune saw no result of any of the {len(results)} trials"
+    return Outcome(SEEN, failure, "Tune sees a Ray Train run's reports only through a callback of the run")
+
+
+def compared(decisions: list, epochs: int):
+    stopped = {trial for trial, epoch, decision in decisions if decision == TrialScheduler.STOP and epoch < epochs}
+    finished = {trial for trial, epoch, _ in decisions if epoch == epochs}
+    failure = None
+    if not decisions:
+        failure = "no ASHA scheduler saw a result"
+    elif not stopped:
+        failure = f"ASHA stopped no trial before epoch {epochs}"
+    elif not finished:
+        failure = f"ASHA stopped every trial ({len(stopped)}) before epoch {epochs}"
+    return Outcome(COMPARED, failure, "ASHA compares each trial at its rungs (grace_period, then times "
+                                      "reduction_factor) with the trials that got there, until max_t, the run's end")

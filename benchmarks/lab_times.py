@@ -1,0 +1,61 @@
+"""How long each lab's check takes, on its untouched starting file and on its solution, as an attendee runs it.
+
+    python benchmarks/lab_times.py --out benchmarks/published/lab-times
+
+Each run is `python -m labs.check LAB` (or with `--file` the solution), one after the other, timed wall clock
+with Python's start, the Ray labs starting their own Ray as on a laptop. Run it with nothing else on the machine:
+the load average before each run is recorded beside it. The tables of labs/README.md and the step READMEs are
+rendered from <out>/results.json (benchmarks/tables.py).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # common/, labs/ and benchmarks/, also without `pip install -e .`
+from benchmarks.compare_steps import describe_machine  # noqa: E402
+from labs.check import LABS  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/lab-times"))
+    parser.add_argument("--labs", nargs="+", choices=LABS, default=list(LABS))
+    args = parser.parse_args()
+    machine, commit = describe_machine(), describe_commit()
+    runs = [time_check(lab, solution) for lab in args.labs for solution in (False, True)]
+    results = dict(machine=machine, date=time.strftime("%Y-%m-%d"), commit=commit, runs=runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out / 'results.json'}")
+
+
+def time_check(lab: str, solution: bool) -> dict:
+    """One check, as an attendee runs it: its wall time, its verdict, and how busy the machine was before."""
+    flags = ["--file", str(Path("labs", "solutions", LABS[lab].file))] if solution else []
+    load = os.getloadavg()[0]
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "labs.check", lab, *flags], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    verdict = re.findall(r"^(\d+ of \d+) checks passed", done.stdout, flags=re.MULTILINE)
+    run = dict(lab=lab, file="solution" if solution else "untouched", seconds=round(seconds, 1),
+               exit_code=done.returncode, passed=verdict[-1] if verdict else None, load_before=round(load, 2))
+    print(json.dumps(run), flush=True)
+    return run
+
+
+def describe_commit() -> str:
+    """The commit, and whether labs/ or common/ had changes on top of it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "labs", "common")
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes to labs/ or common/)" if changed else "")
+
+
+if __name__ == "__main__":
+    main()
