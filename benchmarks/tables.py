@@ -489,8 +489,9 @@ def lab_times(results: dict, labs: tuple = ()) -> list:
             lines.append(f"| {lab} | {lab_time(runs_of_lab['untouched'])} | {lab_time(runs_of_lab['solution'])} |")
     busiest = max(run["load_before"] for run in results["runs"])
     return lines + ["", f"Wall clock with Python's start, one run each, one after the other, nothing else running "
-                        f"(load average before each run at most {busiest:.2f}); measured on {results['machine']}; "
-                        f"{results['date']}, commit {results['commit']}."]
+                        f"(the 1-minute load average before each, the checks before it included, at most "
+                        f"{busiest:.2f}); measured on {results['machine']}; {results['date']}, commit "
+                        f"{results['commit']}."]
 
 
 def lab_time(run: dict) -> str:
