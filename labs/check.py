@@ -6,6 +6,7 @@ exits with 1 if any failed.
 import argparse
 import importlib
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -77,7 +78,17 @@ def give_up(checks: list[str]) -> None:
                    "process waits (TROUBLESHOOTING.md: the run hangs at a report or a collective)")
     report([hung, *(Outcome(check, "the run did not finish (above)", "") for check in checks[1:])],
            time.monotonic() - DEADLINE_S)
+    stop_ray()
     os._exit(1)
+
+
+def stop_ray() -> None:
+    """The Ray this check started stopped, within seconds: os._exit would leave some of its processes running."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        stopping = threading.Thread(target=ray.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(timeout=15)
 
 
 if __name__ == "__main__":
