@@ -66,17 +66,13 @@ def lab_args(*flags: str):
     return make_parser("lab", "lab").parse_args([*LAB_FLAGS, *flags])
 
 
-def replace_in_common(**functions) -> dict:
+def replace_in_common(**functions) -> None:
     """Replaces functions of common/ in the modules that define them, so that a lab's file gets the replacement
-    however it imports them (`from common import evaluate as ev`, `import common`): returns the originals."""
+    however it imports them (`from common import evaluate as ev`, `import common`)."""
     import common
 
-    originals = {}
     for name, function in functions.items():
-        module = sys.modules[getattr(common, name).__module__]
-        originals[name] = getattr(module, name)
-        setattr(module, name, function)
-    return originals
+        setattr(sys.modules[getattr(common, name).__module__], name, function)
 
 
 def watch_training(**functions) -> dict:
@@ -150,10 +146,6 @@ def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RA
     if any(p.returncode for p in processes):
         raise RunFailed(f"the ranks timed out: they did not end within {timeout:.0f} s")
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(len(processes))]
-
-
-def run_ranks(entry: str, lab_file, world_size: int, timeout: float = RANK_TIMEOUT_S) -> list:
-    return run_groups(lab_file, [(entry, world_size)], timeout)[0]
 
 
 def run_groups(lab_file, groups: list[tuple[str, int]], timeout: float = RANK_TIMEOUT_S) -> list[list]:

@@ -212,3 +212,21 @@ def test_update_refuses_results_it_could_not_sit_beside_before_running_anything(
     error = main_error("benchmarks/compare_steps.py", "--only", "recipe", "--update", "--out", str(tmp_path))
     assert error.startswith("error: --update:") and refusal in error
     assert "recipe_seed" not in capsys.readouterr().out  # no run started
+
+
+def test_lab_times_records_each_checks_verdict_time_and_load(monkeypatch):
+    """A check's last verdict line, its exit code, the solution's path as --file, and the load before it."""
+    lab_times = load_script("benchmarks/lab_times.py")
+    calls = []
+
+    def check(command, **kwargs):
+        calls.append(command)
+        return argparse.Namespace(returncode=1, stdout="FAIL  a: b\n      hint: c\n2 of 3 checks passed in 9 s\n")
+
+    monkeypatch.setattr(lab_times.subprocess, "run", check)
+    monkeypatch.setattr(lab_times.os, "getloadavg", lambda: (0.25, 0.5, 1.0))
+    run = lab_times.time_check("04", solution=True)
+    assert calls[0][1:3] == ["-m", "labs.check"]
+    assert calls[0][-3:] == ["04", "--file", "labs/solutions/04_fully_shard.py"]
+    assert {k: run[k] for k in ("lab", "file", "exit_code", "passed", "load_before")} == dict(
+        lab="04", file="solution", exit_code=1, passed="2 of 3", load_before=0.25)

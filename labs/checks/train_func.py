@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from labs import watch
+from labs.checks import ddp
 from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, results, start_ranks, start_ray
 
 ON_RAY = "fit() trains train_func on 2 Ray workers in one process group, in the run `name` under storage"
@@ -41,8 +42,6 @@ def run(lab_file, address) -> list:
 
 
 def uninterrupted(lab_file) -> dict:
-    from labs.checks import ddp
-
     return ddp.watched_main(lab_file, "--epochs", str(EPOCHS))
 
 
