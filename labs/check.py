@@ -29,7 +29,8 @@ class Lab:
 LABS = {
     "01": Lab("01_ddp.py", "labs.checks.ddp", "make a single-process training loop distributed (DDP by hand)"),
     "02": Lab("02_train_func.py", "labs.checks.train_func",
-              "run a training loop on Ray Train, reporting a checkpoint every epoch, and resume it", ray=True),
+              "move a torchrun training loop onto Ray Train: a TorchTrainer run, a checkpoint every epoch, a resume",
+              ray=True),
     "02-hang": Lab("02_hang.py", "labs.checks.hang", "find why a Ray Train run hangs, and fix it", ray=True),
     "04": Lab("04_fully_shard.py", "labs.checks.fully_shard", "shard the model with FSDP2: per block, then the root"),
     "04-accumulate": Lab("04_accumulate.py", "labs.checks.accumulate",
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     parser.add_argument("lab", choices=LABS)
     parser.add_argument("--file", help="the file to check (default: labs/<the lab's file>)")
     parser.add_argument("--address", default="local",
-                        help="the Ray labs' cluster, HOST:PORT (default: start Ray on this machine)")
+                        help="the Ray labs' cluster, HOST:PORT, whose nodes run on this machine: its processes "
+                             "write what the check watches into a folder here (default: start Ray here)")
     args = parser.parse_args(argv)
     lab = LABS[args.lab]
     path = (ROOT / "labs" / lab.file) if args.file is None else args.file
