@@ -25,8 +25,8 @@ LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps
 RENDEZVOUS_PORTS = range(20000, 32768)
 RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy 2-core machine
 # How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
-# lab's run takes a few seconds between two collectives even on a busy machine.
-COLLECTIVE_TIMEOUT_S = 20
+# lab's run takes a few seconds between two collectives even on a busy machine (its ranks start together).
+COLLECTIVE_TIMEOUT_S = 30
 # What a rank that waited for a collective in vain says: gloo's timed out, or the other rank left first; Ray Train
 # names the ranks that never joined a report.
 HANG_SIGNS = ("timed out", "closed by peer", "reset by peer", "have not joined")

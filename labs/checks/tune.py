@@ -40,15 +40,16 @@ def run(lab_file, address) -> list:
 
 
 class recording_decisions:
-    """ASHA's decisions, (trial id, epoch, decision), while the sweep runs: its on_trial_result replaced in its
-    class, so whichever ASHA the lab makes records them."""
+    """ASHA's decisions, (trial id, epoch, decision, the metric it decided on), while the sweep runs: its
+    on_trial_result replaced in its class, so whichever ASHA the lab makes records them."""
 
     def __enter__(self) -> list:
         decisions, self.decide = [], AsyncHyperBandScheduler.on_trial_result
 
         def recorded(scheduler, tune_controller, trial, result):
             decision = self.decide(scheduler, tune_controller, trial, result)
-            decisions.append((trial.trial_id, result.get(scheduler._time_attr), decision))
+            decisions.append((trial.trial_id, result.get(scheduler._time_attr), decision,
+                              result.get(scheduler._metric)))
             return decision
 
         AsyncHyperBandScheduler.on_trial_result = recorded
@@ -96,8 +97,8 @@ def seen(results: list, epochs: int):
 
 
 def compared(decisions: list, epochs: int):
-    stopped = {trial for trial, epoch, decision in decisions if decision == TrialScheduler.STOP and epoch < epochs}
-    finished = {trial for trial, epoch, _ in decisions if epoch == epochs}
+    stopped = {trial for trial, epoch, decision, _ in decisions if decision == TrialScheduler.STOP and epoch < epochs}
+    finished = {trial for trial, epoch, _, _ in decisions if epoch == epochs}
     failure = None
     if not decisions:
         failure = "no ASHA scheduler saw a result"
