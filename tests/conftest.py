@@ -354,6 +354,12 @@ def ray_script(script, address, storage, *args, **kwargs):
                   *args, **kwargs)
 
 
+def resumed_after(stdout: str) -> list[int]:
+    """The epoch after which each resume or restart of a run went on, from rank 0's one line for it: "resumed from
+    <checkpoint> after epoch N" (a restarted Ray worker's line has Ray's prefix in front)."""
+    return [int(epoch) for epoch in re.findall(r"resumed from \S+ after epoch (\d+)\n", stdout)]
+
+
 def final_json(result) -> dict:
     """The last stdout line of a step script: its JSON summary."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
