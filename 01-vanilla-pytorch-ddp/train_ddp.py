@@ -42,7 +42,9 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
+    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
+    # outside the loop through PyTorch's hooks (common/meter.py).
+    meter = RunMeter(STEP, args, rank, device, args.checkpoint_dir)
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
@@ -54,7 +56,6 @@ def train(args, rank, world_size, master_process, device):
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model).to(device)
@@ -82,7 +83,6 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
 
-    meter.training_starts(args.checkpoint_dir, start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
@@ -108,11 +108,9 @@ def train(args, rank, world_size, master_process, device):
                 continue
             optimizer.step()
             scheduler.step()
-            meter.optimizer_stepped()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
-        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
@@ -122,7 +120,7 @@ def train(args, rank, world_size, master_process, device):
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
-        summary = meter.summary(history, params, nodes)  # the run so far
+        meter.save_summary(history)  # a collective; rank 0 writes summary.json in the run's folder
         state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
                      scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         if master_process:
@@ -132,7 +130,7 @@ def train(args, rank, world_size, master_process, device):
 
     if master_process:  # the next run here without --resume writes over it
         print(f"checkpoint: {checkpoint_path}")
-        print_run_summary(summary, args.launched)  # memory per rank, then JSON
+        print_run_summary(args.checkpoint_dir, args.launched)  # memory per rank, then JSON
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
+    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
+    # outside the loop through PyTorch's hooks (common/meter.py).
+    meter = RunMeter(STEP, args, rank, device, args.checkpoint_dir)
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
@@ -39,7 +41,6 @@ def train(args, rank, world_size, master_process, device):
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model).to(device)
@@ -64,7 +65,6 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint_path} after epoch {start_epoch}")
 
-    meter.training_starts(args.checkpoint_dir, start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Reseeded every epoch: a new order each epoch, the same order when resumed.
         shuffle.manual_seed(args.seed + epoch)
@@ -88,10 +88,8 @@ def train(args, rank, world_size, master_process, device):
                 continue
             optimizer.step()
             scheduler.step()
-            meter.optimizer_stepped()
         train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: honest time
         epoch_seconds = time.perf_counter() - epoch_start
-        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         correct, counted = evaluate(model, data.test_images, data.test_labels, device).tolist()
         history.append(dict(epoch=epoch + 1, train_loss=train_loss, test_accuracy=correct / counted,
@@ -99,7 +97,7 @@ def train(args, rank, world_size, master_process, device):
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
-        summary = meter.summary(history, params, nodes)  # the run so far
+        meter.save_summary(history)  # a collective; rank 0 writes summary.json in the run's folder
         state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
                      scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         if master_process:
@@ -109,7 +107,7 @@ def train(args, rank, world_size, master_process, device):
 
     if master_process:  # the next run here without --resume writes over it
         print(f"checkpoint: {checkpoint_path}")
-        print_run_summary(summary, args.launched)  # memory per rank, then JSON
+        print_run_summary(args.checkpoint_dir, args.launched)  # memory per rank, then JSON
 
 
 if __name__ == "__main__":

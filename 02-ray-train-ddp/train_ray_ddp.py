@@ -37,6 +37,8 @@ def main():
     if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
         # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
         # import common/ from the copy that the job's runtime_env ships them.
+        # Not Ray's defaults (init_options): its own log lines off, the controller polling every
+        # 0.2 s, not 2 s (each report waits for a poll). README.md in step 02: Console.
         ray.init(address=args.address, **init_options(args.address),
                  runtime_env={"py_modules": [common], **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
@@ -52,7 +54,8 @@ def main():
                                                checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
     print_best(result)  # the run's folder, and the best of the checkpoints it kept
-    print_run_summary(result.metrics["summary"], args.launched)  # memory per rank, then JSON
+    ray.shutdown()  # Ray prints its workers' lines whenever they come: none after the summary
+    print_run_summary(f"{args.checkpoint_dir}/{name}", args.launched)  # memory per rank, then JSON
 
 
 def train_func(config):
@@ -65,7 +68,9 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
+    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
+    # outside the loop through PyTorch's hooks (common/meter.py).
+    meter = RunMeter(STEP, args, rank, device, run_folder(args))
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
@@ -80,7 +85,6 @@ def train(args, rank, world_size, master_process, device):
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    meter.phase_ended("data")
 
     torch.manual_seed(args.seed)
     model = build_model(args.model)
@@ -109,7 +113,6 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
-    meter.training_starts(run_folder(args), start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
@@ -135,11 +138,9 @@ def train(args, rank, world_size, master_process, device):
                 continue
             optimizer.step()
             scheduler.step()
-            meter.optimizer_stepped()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
-        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
@@ -149,7 +150,7 @@ def train(args, rank, world_size, master_process, device):
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
-        summary = meter.summary(history, params, nodes)  # the run so far
+        meter.save_summary(history)  # a collective; rank 0 writes summary.json in the run's folder
         state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,
                      scheduler=scheduler.state_dict(), history=history, model_preset=args.model)
         with tempfile.TemporaryDirectory() as checkpoint_dir:
@@ -160,7 +161,7 @@ def train(args, rank, world_size, master_process, device):
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
             # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
             # to storage. A barrier: every rank must call report, and equally often.
-            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+            ray.train.report(history[-1], checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch:  # practice: Ray restarts the group from this checkpoint
             crash_one_worker(rank, world_size)
 

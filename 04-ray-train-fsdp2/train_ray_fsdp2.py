@@ -35,12 +35,13 @@ from common.model import TRANSFORMER_BLOCK
 from common.meter import RunMeter, print_run_summary
 from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
 from common.ray_setup import crash_one_worker, print_best, progress_bar, run_folder, run_name
-from common.ray_setup import RESIZE_CHECK_INTERVAL_S
+from common.ray_setup import RESIZE_CHECK_INTERVAL_S  # elastic: how often Ray looks for workers
 
 STEP = "ray_fsdp2"
 
 
 def main():
+    # elastic: --num-workers MIN-MAX, which the parser turns into the tuple (MIN, MAX).
     parser = add_ray_flags(make_parser(__doc__, STEP), local_mode=True, elastic=True)
     args = add_fsdp2_flags(parser).parse_args()
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
@@ -48,12 +49,16 @@ def main():
     if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
         # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
         # import common/ from the copy that the job's runtime_env ships them.
+        # Not Ray's defaults (init_options): its own log lines off, the controller polling every
+        # 0.2 s, not 2 s (each report waits for a poll). README.md in step 02: Console.
         ray.init(address=args.address, **init_options(args.address),
                  runtime_env={"py_modules": [common], **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,
         train_loop_config=vars(args),
+        # elastic: given (MIN, MAX), Ray resizes the group to what the cluster holds, each time a
+        # restart from the last checkpoint.
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
                                      elastic_resize_monitor_interval_s=RESIZE_CHECK_INTERVAL_S),
         run_config=RunConfig(
@@ -64,7 +69,8 @@ def main():
                                                checkpoint_score_attribute="test_accuracy")))
     result = trainer.fit()
     print_best(result)  # the run's folder, and the best of the checkpoints it kept
-    print_run_summary(result.metrics["summary"], args.launched)  # memory per rank, then JSON
+    ray.shutdown()  # Ray prints its workers' lines whenever they come: none after the summary
+    print_run_summary(f"{args.checkpoint_dir}/{name}", args.launched)  # memory per rank, then JSON
 
 
 def train_func(config):
@@ -77,12 +83,16 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    meter = RunMeter(STEP, args, rank, device)  # what the benchmarks measure: common/meter.py
+    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
+    # outside the loop through PyTorch's hooks (common/meter.py).
+    meter = RunMeter(STEP, args, rank, device, run_folder(args))
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
     micro_batch = args.batch_size // world_size // args.grad_accum_steps  # checked by the parser
     train_set = data.train_set()  # (image, label, id): augment_batch's randomness comes from ids
     # Each rank gets a disjoint 1/world_size of the data: rank r takes every world_size-th index.
+    # The seed and the epoch fix the order, so each step's global batch is the same at any size:
+    # a run resized from a checkpoint (elastic) trains what a fixed-size run does, up to rounding.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     train_loader = DataLoader(train_set, batch_size=micro_batch, sampler=sampler, drop_last=True)
@@ -92,9 +102,10 @@ def train(args, rank, world_size, master_process, device):
     full_epoch = len(train_loader) // args.grad_accum_steps  # optimizer steps
     steps_per_epoch = min(full_epoch, args.steps_per_epoch or full_epoch)
     micro_steps = steps_per_epoch * args.grad_accum_steps
-    meter.phase_ended("data")
 
-    with torch.device("meta"):  # shapes only, no memory: no rank ever holds the whole model
+    # Shapes only, no memory. Training never holds the whole model; rank 0 alone does, briefly:
+    # building the first weights, and writing model.pt for inference after the last epoch.
+    with torch.device("meta"):
         model = build_model(args.model)
     params = count_params(model)
     shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it
@@ -109,7 +120,7 @@ def train(args, rank, world_size, master_process, device):
               f"{micro_batch} x {args.grad_accum_steps} images per step each")
 
     start_epoch, history = 0, []
-    # A checkpoint is there after Ray restarted the worker group, or when a run is resumed.
+    # A checkpoint is there after Ray restarted a failed or resized worker group, or on --resume.
     if checkpoint := ray.train.get_checkpoint():
         state = AppState(model, optimizer, scheduler)
         with checkpoint.as_directory() as checkpoint_dir:
@@ -118,7 +129,6 @@ def train(args, rank, world_size, master_process, device):
         if master_process:
             print(f"resumed from {checkpoint.path} after epoch {start_epoch}")
 
-    meter.training_starts(run_folder(args), start_epoch)  # --profile-steps: per-rank traces
     for epoch in range(start_epoch, args.epochs):
         # Without this every epoch repeats epoch 0's order: the sampler shuffles with seed + epoch.
         sampler.set_epoch(epoch)
@@ -143,11 +153,9 @@ def train(args, rank, world_size, master_process, device):
                 continue
             optimizer.step()
             scheduler.step()
-            meter.optimizer_stepped()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest
         epoch_seconds = time.perf_counter() - epoch_start
-        meter.epoch_trained(model, optimizer)  # parameters, gradients, optimizer state
 
         tally = evaluate(model, data.test_images, data.test_labels, device, rank, world_size)
         dist.all_reduce(tally)  # each rank scored a disjoint shard of the test set
@@ -157,10 +165,11 @@ def train(args, rank, world_size, master_process, device):
                             images_per_s=steps_per_epoch * args.batch_size / epoch_seconds))
         if master_process:
             print(epoch_line(history[-1], args.epochs, peak_memory_mb(device)))
-        summary = meter.summary(history, params, nodes)  # the run so far
+        meter.save_summary(history)  # a collective; rank 0 writes summary.json in the run's folder
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             state = AppState(model, optimizer, scheduler, epoch, history)
-            dcp.save({"app": state}, checkpoint_id=checkpoint_dir)  # each rank its own slices
+            # Sharded: every rank writes its own slices; Ray merges the ranks' folders into one.
+            dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
             if epoch + 1 == args.epochs:
                 save_full_model(model, optimizer, Path(checkpoint_dir) / "model.pt")
             checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
@@ -168,7 +177,7 @@ def train(args, rank, world_size, master_process, device):
                 checkpoint.set_metadata(dict(model_preset=args.model, epoch=epoch + 1))
             # Ray keeps rank 0's metrics only (reduced over ranks above) and copies the checkpoint
             # to storage. A barrier: every rank must call report, and equally often.
-            ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+            ray.train.report(history[-1], checkpoint=checkpoint)
         if epoch + 1 == args.fail_at_epoch:  # practice: Ray restarts the group from this checkpoint
             crash_one_worker(rank, world_size)
 

@@ -89,6 +89,7 @@ def main():
     check_sweep_flags(parser, args)
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in the workers (retried)
     name = run_name(STEP, args)  # with --resume, the newest sweep's
+    # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
              runtime_env={"py_modules": [common], **WORKER_SETUP})
     args.use_gpu = check_cluster_and_choose_gpu(args)
@@ -102,7 +103,8 @@ def main():
     if any(t.status not in ("TERMINATED", "ERROR")
            for t in ray.tune.ExperimentAnalysis(str(sweep)).trials):
         raise fail(f"sweep {name} was interrupted; run the same command with --resume to finish it")
-    trials = sorted((describe_trial(result) for result in results), key=lambda t: t["trial_id"])
+    trials = sorted((describe_trial(result, sweep) for result in results),
+                    key=lambda t: t["trial_id"])
     if not any(t["history"] for t in trials):
         raise fail(f"no trial of sweep {name} finished an epoch; see the errors above")
     best = max((t for t in trials if t["history"]), key=lambda t: t["best_accuracy"])
@@ -289,14 +291,18 @@ def flags(config: dict) -> str:
     return " ".join(f"--{key.replace('_', '-')} {config[key]:g}" for key in SEARCH_SPACE)
 
 
-def describe_trial(result) -> dict:
+def describe_trial(result, sweep: Path) -> dict:
     """A row of the table: step 02's own history of the trial (whole, where Tune's record of a
-    resumed trial starts again), up to the last epoch Tune recorded (a stopped trial's run may
-    report once more while Tune ends it, which ASHA never saw)."""
+    resumed trial starts again: the summary.json in its run's folder), up to the last epoch Tune
+    recorded (a stopped trial's run may report once more while Tune ends it, which ASHA never
+    saw)."""
     frame, config = result.metrics_dataframe, result.config
     seen = 0 if frame is None or frame.empty else int(frame["epoch"].max())
-    history = [h for h in (result.metrics or {}).get("summary", {}).get("history", [])
-               if h["epoch"] <= seen]
+    history = []
+    if seen:
+        run = sweep / f"train-{frame['trial_id'].iloc[0]}"
+        history = [h for h in json.loads((run / "summary.json").read_text())["history"]
+                   if h["epoch"] <= seen]
     return dict(trial_id=frame["trial_id"].iloc[0] if seen else Path(result.path).name,
                 searched=flags(config), config=config,
                 best_accuracy=max((h["test_accuracy"] for h in history), default=None),

@@ -80,6 +80,7 @@ def main():
         data = load_data(args.data, args.data_dir, args.eval_images)
         description = data.description
 
+    # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
              runtime_env={"py_modules": [common], **WORKER_SETUP})
     # Ray Data's INFO and WARNING lines; not its progress bar.
@@ -164,10 +165,10 @@ def inspect_run(path: Path) -> Path:
     if result.metrics is None:
         raise fail(f"the run in {path} has no checkpoint yet; pass a run that finished an epoch")
     # metrics_dataframe: one row per checkpoint Ray kept (steps 02-04 keep the best 2) with the
-    # metrics reported with it. Every epoch's metrics are in the history that each report of
-    # these steps carries in its summary.
+    # metrics reported with it. Every epoch's metrics are in the summary.json these steps keep
+    # in the run's folder.
     kept = result.metrics_dataframe["epoch"]
-    history = pd.DataFrame(result.metrics["summary"]["history"])
+    history = pd.DataFrame(json.loads((path / "summary.json").read_text())["history"])
     history["checkpoint kept"] = history["epoch"].isin(kept)
     best = result.get_best_checkpoint("test_accuracy", mode="max")
     print(f"run {result.path}:\n{history.to_string(index=False, float_format='{:.4f}'.format)}")

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common import PRESETS, build_model, count_params  # noqa: E402
 from common.model import DEFAULT_PRESET  # noqa: E402
+from common.meter import summary_of  # noqa: E402
 
 SCRIPTS = {
     "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py",
@@ -358,7 +359,7 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
             log.write(line)
             log.flush()  # so that `tail -f` on the log follows the run
             if line.startswith("{"):
-                summary, seen_at = json.loads(line), time.time()
+                summary, seen_at = summary_of(json.loads(line)), time.time()
         returncode = process.wait()
     if not run.checkpoint_dir:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a giant model's checkpoints are tens of GB

@@ -78,7 +78,8 @@ def main():
         if returncode:
             print(f"{name} failed, see {log}", file=sys.stderr)
             continue
-        summary = json.loads(log.read_text().strip().splitlines()[-1])
+        last_line = json.loads(log.read_text().strip().splitlines()[-1])
+        summary = json.loads(Path(last_line["summary"]).read_text())  # the whole summary it names
         preset, padding, extra = VARIANTS[name]
         record = dict(variant=name, preset_changes=preset, crop_padding=padding, flags=extra, seed=args.seed,
                       validation_accuracy=summary["test_accuracy"], **summary)

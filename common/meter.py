@@ -1,73 +1,133 @@
-"""What the benchmarks read from a run, kept out of the training loops: when each start-up phase ended, launch to
-the first optimizer step, images per second, memory per rank, the --profile-steps profiler, and the summary that
-a run prints as its last line (benchmarks/compare_steps.py reads it)."""
+"""What the benchmarks read from a run, measured from outside the training loop.
+
+A step names its meter twice: made first thing in train() with the run's folder, and asked after each epoch to
+save the run so far there, beside the checkpoints, as summary.json. In between, the meter watches the run through
+PyTorch's global hooks (public API, this process only), each removed once it has seen what it waits for:
+- the first submodule registered: the model is being built, so the data phase has ended;
+- the first forward: the model is built (and restored), so start-up has ended and --profile-steps starts;
+- every optimizer step after that: the profiler's schedule; the first one's time is the time to first step, and
+  what the rank holds right after it (parameters, gradients, optimizer state) is its state memory.
+The driver (print_run_summary) adds the wall time to that file, which the benchmarks read, and prints the memory
+per rank and a short JSON last line that names it. A local or mounted folder only, as for --profile-steps' traces.
+"""
 import json
-import sys
 import time
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.nn.modules.module import register_module_forward_pre_hook, register_module_module_registration_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import first_process
+from .model import build_model, count_params
 from .profiling import StepProfiler
-from .training import gather_from_ranks, memory_table, peak_memory_mb, state_memory_mb
+from .training import gather_from_ranks, memory_table, peak_memory_mb, this_node
 
-# The run's start-up, kept in its first epoch's record: a restarted or resumed run reports the first attempt's.
+# The run's start-up: when each phase ended, in seconds from launch (args.launched, set by make_parser).
 STARTUP_PHASES = ("launcher", "data", "model")
+SUMMARY_FILE = "summary.json"
+HEADLINE = ("step", "world_size", "model", "train_loss", "test_accuracy", "images_per_s", "wall_time_s")
 
 
 class RunMeter:
-    """Created first thing in train(); the step calls phase_ended("data"), training_starts(...) once the model is
-    ready, optimizer_stepped() after every optimizer step, epoch_trained(...) before evaluating, summary(...) after."""
+    """Start-up phases, time to first step, state memory and the profiler of this rank's attempt at a run. A run
+    restarted or resumed keeps the start-up and time to first step of the attempt that trained its first epoch
+    (a later attempt's would count the crash and the restart in)."""
 
-    def __init__(self, step: str, args, rank: int, device):
+    def __init__(self, step: str, args, rank: int, device, run_folder):
         self.step, self.args, self.rank, self.device = step, args, rank, device
-        # All that ran before train(): torchrun's process group, or Ray and its workers.
-        self.startup = dict(launcher=time.time())
-        self.first_step_s, self.profiler, self.state_memory = None, None, {}
+        self.folder = Path(run_folder)  # step 01's --checkpoint-dir, a Ray run's folder in its storage
+        self.startup = dict(launcher=time.time())  # all that ran before train(): torchrun, or Ray and its workers
+        self.first_step_s, self.state_memory, self.profiler, self.start = None, {}, None, None
+        self.hooks = [register_module_module_registration_hook(self.model_building),
+                      register_module_forward_pre_hook(self.first_forward),
+                      register_optimizer_step_post_hook(self.optimizer_stepped)]
 
-    def phase_ended(self, phase: str) -> None:
-        self.startup[phase] = time.time()
+    def model_building(self, *_):
+        self.startup["data"] = time.time()
+        self.hooks[0].remove()
 
-    def training_starts(self, profile_folder, start_epoch: int) -> None:
-        """The model is built (and restored): the last start-up phase ends, the profiler starts."""
-        self.phase_ended("model")
-        self.profiler = StepProfiler(self.args, self.rank, profile_folder, start_epoch)
+    def first_forward(self, *_):
+        self.startup["model"] = time.time()
+        self.hooks[1].remove()
+        self.profiler = StepProfiler(self.args, self.rank, self.folder)
 
-    def optimizer_stepped(self) -> None:
-        self.profiler.step()
+    def optimizer_stepped(self, optimizer, *_):
+        if self.profiler is None:  # before training: loading a sharded optimizer state steps it once, at lr 0
+            return
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.args.launched
+            self.state_memory = state_memory_mb(optimizer)
+        self.profiler.step()
+        if self.profiler.done:
+            self.hooks[2].remove()
 
-    def epoch_trained(self, model, optimizer) -> None:
-        """After the epoch's last optimizer step: parameters, gradients and optimizer state this rank holds."""
-        self.state_memory = state_memory_mb(model, optimizer)
-
-    def summary(self, history: list, params: int, nodes: list) -> dict:
-        """The run so far, as its last line reports it. A collective: every rank calls it, after each epoch."""
-        memory = gather_from_ranks(dict(self.state_memory, peak_mb=peak_memory_mb(self.device)))
-        if len(history) == 1:  # this attempt trained the run's first epoch
-            history[0].update({f"startup_{phase}_s": self.startup[phase] - self.args.launched
-                               for phase in STARTUP_PHASES}, time_to_first_step_s=self.first_step_s)
-        first, last, args = history[0], history[-1], self.args
+    def save_summary(self, history: list) -> None:
+        """A collective: every rank calls it after each epoch; rank 0 writes the run so far to summary.json."""
+        ranks = gather_from_ranks(dict(self.state_memory, peak_mb=peak_memory_mb(self.device), node=this_node()))
+        if self.rank != 0 or "://" in self.args.checkpoint_dir:  # cloud storage: print_run_summary says so
+            return
+        with torch.device("meta"):  # the whole model's count, whatever this rank holds of it
+            params = count_params(build_model(self.args.model))
+        if self.start is None:  # this attempt's first summary: did it train the run's first epoch?
+            earlier = self.folder / SUMMARY_FILE
+            self.start = (json.loads(earlier.read_text()) if len(history) > 1 and earlier.exists() else dict(
+                time_to_first_step_s=self.first_step_s,
+                startup_s={phase: self.startup[phase] - self.args.launched for phase in STARTUP_PHASES}))
+        last, args = history[-1], self.args
         seconds = sum(h["epoch_time_s"] for h in history)
-        return dict(
+        summary = dict(
             step=self.step, world_size=last["world_size"], device=self.device.type, model=args.model,
             params=params, data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
             grad_accum_steps=args.grad_accum_steps, train_loss=last["train_loss"],
             test_accuracy=last["test_accuracy"],
             # every epoch of the run, those trained before a restart included
             images_per_s=sum(h["images_per_s"] * h["epoch_time_s"] for h in history) / seconds,
-            time_to_first_step_s=first.get("time_to_first_step_s"), peak_memory_mb=[m["peak_mb"] for m in memory],
-            startup_s={phase: first.get(f"startup_{phase}_s") for phase in STARTUP_PHASES},
-            memory_per_rank=memory, nodes=len(set(nodes)), history=history)
+            time_to_first_step_s=self.start["time_to_first_step_s"], peak_memory_mb=[r["peak_mb"] for r in ranks],
+            startup_s=self.start["startup_s"],
+            memory_per_rank=[{k: v for k, v in r.items() if k != "node"} for r in ranks],
+            nodes=len({r["node"] for r in ranks}), history=history)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
 
 
-def print_run_summary(summary: dict, launched: float) -> None:
-    """The end of a run: the memory each rank held, then the summary as one JSON line, the run's last (Ray, if
-    this process started or joined one, is shut down first). From the first process only: in Ray Train's local mode
-    under torchrun, every process runs all of main()."""
+def state_memory_mb(optimizer: torch.optim.Optimizer) -> dict:
+    """Exact MB this rank holds for parameters, gradients and optimizer state, from the tensors it owns (every
+    parameter is the optimizer's): the full model under DDP, only its shard under FSDP (a DTensor's local part)."""
+    def mb(tensors):
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return dict(params_mb=mb(params), grads_mb=mb(p.grad for p in params if p.grad is not None),
+                optimizer_mb=mb(v for state in optimizer.state.values() for v in state.values()
+                                if isinstance(v, torch.Tensor)))
+
+
+def print_run_summary(run_folder, launched: float) -> None:
+    """The end of a run, on the driver: the summary that rank 0 saved in the run's folder gets the wall time; then
+    the memory each rank held, and the headline as one short JSON line, the run's last, naming the file. From the
+    first process only: in Ray Train's local mode under torchrun, every process runs all of main()."""
     if not first_process():
         return
-    wall_time_s = time.time() - launched
-    if "ray" in sys.modules:  # Ray's threads print its workers' and raylets' lines whenever they come: none after
-        sys.modules["ray"].shutdown()
+    if "://" in str(run_folder):
+        print(f"the run's summary is kept in a local or mounted --checkpoint-dir only, not in {run_folder}")
+        return
+    path = Path(run_folder).resolve() / SUMMARY_FILE
+    summary = dict(json.loads(path.read_text()), wall_time_s=time.time() - launched)
+    path.write_text(json.dumps(summary, indent=1))
     print(memory_table(summary["memory_per_rank"]))
-    print(json.dumps(dict(summary, wall_time_s=wall_time_s)))
+    print(json.dumps(dict(headline(summary), summary=str(path))))
+
+
+def headline(summary: dict) -> dict:
+    """What an attendee reads at the end of a run; the benchmarks read the whole file."""
+    return {key: round(summary[key], 4 if key in ("train_loss", "test_accuracy") else 1)
+            if isinstance(summary[key], float) else summary[key] for key in HEADLINE}
+
+
+def summary_of(last_line: dict) -> dict:
+    """For the benchmarks and the tests: the whole summary a step's JSON last line names (steps 05 and 06 print
+    theirs whole)."""
+    return json.loads(Path(last_line["summary"]).read_text()) if "summary" in last_line else last_line

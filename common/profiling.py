@@ -71,18 +71,14 @@ def check_profile_flag(parser, args, train_images: int) -> None:
 
 
 class StepProfiler:
-    """Call step() after every optimizer step; with --profile-steps 0 it does nothing. A run has one profile: a
-    run restarted or resumed from a checkpoint (start_epoch > 0) keeps the one an earlier attempt made."""
+    """Call step() after every optimizer step; with --profile-steps 0 it does nothing. A restarted or resumed run
+    profiles its first steps again: its profile replaces the earlier attempt's."""
 
-    def __init__(self, args, rank: int, folder, start_epoch: int = 0):
+    def __init__(self, args, rank: int, folder):
         self.steps, self.rank = getattr(args, "profile_steps", 0), rank
         self.folder = Path(folder) / "profile"
         self.profiler = None
         if not self.steps:
-            return
-        # Rank 0's folder decides for every rank: a rank that profiled alone would wait for the others forever.
-        if gather_from_ranks(start_epoch > 0 and (self.folder / "summary.json").exists())[0]:
-            self.steps = 0
             return
         if rank == 0:  # an earlier attempt's traces (a larger world leaves more ranks' files): gone
             shutil.rmtree(self.folder, ignore_errors=True)  # before any rank writes: steps come first
@@ -94,6 +90,10 @@ class StepProfiler:
             schedule=torch.profiler.schedule(wait=WARMUP_STEPS - 1, warmup=1, active=self.steps,
                                            repeat=1))
         self.profiler.start()
+
+    @property
+    def done(self) -> bool:
+        return self.profiler is None
 
     def step(self) -> None:
         if self.profiler is None:

@@ -191,7 +191,7 @@ def prepare_local_mode(args) -> bool:
 def new_run_name(step: str, checkpoint_dir: str, claim: bool = True) -> str:
     """step-YYYYmmdd-HHMMSS, claimed by creating its folder: a second run started in the same second in the same
     --checkpoint-dir gets -2 (-3, ...), and never restores the first. Names sort in the order runs started. Local
-    mode (claim=False) writes nothing, so claims nothing."""
+    mode (claim=False) keeps no checkpoint to restore, so claims nothing (its summary.json makes the folder)."""
     stamp = f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not claim:
         return stamp

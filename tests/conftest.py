@@ -17,6 +17,7 @@ from suite_rules import pytest_fixture_setup, pytest_runtest_makereport, time_li
 # The runs that start with the session and the tests that take them last (tests marked early): early.py.
 from early import early_run, early_runs, pytest_collection_modifyitems  # noqa: F401
 
+from common.meter import summary_of  # noqa: E402
 from labs.harness import free_port  # torchrun's and the launcher's rendezvous ports, as the labs' checks pick them
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def main_summary(capsys, monkeypatch):
             os.environ.update(environment)
             torch.set_num_threads(threads)
         stdout = capsys.readouterr().out
-        return json.loads(stdout.strip().splitlines()[-1]), stdout
+        return summary_of(json.loads(stdout.strip().splitlines()[-1])), stdout
     return main_summary
 
 
@@ -361,9 +362,32 @@ def resumed_after(stdout: str) -> list[int]:
 
 
 def final_json(result) -> dict:
-    """The last stdout line of a step script: its JSON summary."""
+    """The whole summary that a step script's last stdout line names (steps 05 and 06: the line itself)."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return summary_of(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+# What a step's history holds for each epoch, and what ray.train.report carries: the epoch's own fields, nothing else.
+EPOCH_FIELDS = {"epoch", "train_loss", "test_accuracy", "epoch_time_s", "world_size", "images_per_s"}
+LAST_LINE_MAX = 250
+
+
+def assert_short_last_line(stdout: str, summary: dict, run_folder: Path):
+    """A step's last line: one short JSON object, the headline of the summary it names, in the run's folder."""
+    line = stdout.strip().splitlines()[-1]
+    headline = json.loads(line)
+    assert len(line) <= LAST_LINE_MAX, f"{len(line)} characters: {line}"
+    assert Path(headline.pop("summary")) == (Path(run_folder) / "summary.json").resolve()
+    assert list(headline) == ["step", "world_size", "model", "train_loss", "test_accuracy", "images_per_s",
+                              "wall_time_s"]
+    for key, value in headline.items():
+        assert value == pytest.approx(summary[key], abs=0.06) if isinstance(value, float) else value == summary[key]
+
+
+def reported_metrics(run_folder: Path) -> list[dict]:
+    """What ray.train.report carried with each checkpoint Ray kept, from its controller's snapshot."""
+    snapshot = json.loads((Path(run_folder) / "checkpoint_manager_snapshot.json").read_text())
+    return [result["metrics"] for result in snapshot["checkpoint_results"]]
 
 
 def profile_summary(folder) -> dict:
@@ -427,6 +451,7 @@ def assert_sane_summary(summary: dict, step: str, world_size: int):
     # The synthetic classes are easy: 6 steps of training must beat chance (10%) clearly.
     assert summary["test_accuracy"] > 0.2
     assert len(summary["history"]) == 2 and summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
+    assert all(epoch.keys() == EPOCH_FIELDS for epoch in summary["history"])
     assert summary["images_per_s"] > 0 and 0 < summary["time_to_first_step_s"] < summary["wall_time_s"]
     assert len(summary["peak_memory_mb"]) == world_size and all(m > 0 for m in summary["peak_memory_mb"])
 

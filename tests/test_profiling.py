@@ -136,22 +136,16 @@ def test_profile_steps_0_does_nothing(tmp_path):
     assert profiler.profiler is None and not (tmp_path / "profile").exists()
 
 
-def test_a_restarted_run_keeps_its_profile_and_a_new_one_clears_an_older_attempts_traces(tmp_path):
-    """A restart or --resume (start_epoch > 0) of a run already profiled profiles nothing: its profile stays. A run
-    from epoch 0, or resumed before any profile was made, removes the traces of an earlier attempt, which may have
-    had more ranks."""
+def test_each_attempt_profiles_anew_clearing_an_earlier_attempts_traces(tmp_path):
+    """A run from epoch 0, restarted or resumed: its profile replaces an earlier attempt's, whose traces may be of
+    more ranks. (The profiler starts with the run's first forward, common/meter.py.)"""
     profile = tmp_path / "profile"
     profile.mkdir()
-    (profile / "summary.json").write_text("{}")
-    resumed = StepProfiler(argparse.Namespace(profile_steps=2), 0, tmp_path, start_epoch=1)
-    assert resumed.profiler is None and (profile / "summary.json").exists()
-    for start_epoch in (0, 1):
-        stale = profile / "rank3.json.gz"
-        stale.write_text("an earlier attempt's")
-        fresh = StepProfiler(argparse.Namespace(profile_steps=2), 0, tmp_path, start_epoch=start_epoch)
-        fresh.profiler.stop()
-        assert not stale.exists()
-        profile.mkdir()
+    stale = profile / "rank3.json.gz"
+    stale.write_text("an earlier attempt's")
+    fresh = StepProfiler(argparse.Namespace(profile_steps=2), 0, tmp_path)
+    fresh.profiler.stop()
+    assert not stale.exists()
 
 
 @pytest.fixture

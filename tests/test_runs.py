@@ -47,22 +47,26 @@ def scripted_training(accuracies=tuple(ACCURACIES)):
     """A training function to stand in for a step's, nested: Ray ships it by value, without this module."""
     def scripted_run(config):
         """Stands in for a step's train_func, in every worker: reports the accuracies as the steps report their epochs
-        (the metrics, the summary the driver prints, a checkpoint from rank 0 with the preset and epoch in its
-        metadata)."""
+        (the metrics; the summary the driver prints, in the run's folder; a checkpoint from rank 0 with the preset and
+        epoch in its metadata)."""
+        import json
         import tempfile
 
-        history = []
+        context, history = ray.train.get_context(), []
+        run_folder = Path(config["checkpoint_dir"], context.get_experiment_name())
         for epoch, accuracy in enumerate(accuracies, 1):
             history.append(dict(epoch=epoch, train_loss=1.0 / epoch, test_accuracy=accuracy))
-            summary = dict(test_accuracy=accuracy, history=history,
+            summary = dict(step="scripted", world_size=1, model="tiny", train_loss=1.0 / epoch,
+                           test_accuracy=accuracy, images_per_s=1.0, history=history,
                            memory_per_rank=[dict(params_mb=1.0, grads_mb=1.0, optimizer_mb=2.0, peak_mb=100.0)])
             with tempfile.TemporaryDirectory() as folder:
                 checkpoint = None
-                if ray.train.get_context().get_world_rank() == 0:
+                if context.get_world_rank() == 0:
+                    (run_folder / "summary.json").write_text(json.dumps(summary))
                     Path(folder, "epoch.txt").write_text(str(epoch))
                     checkpoint = ray.train.Checkpoint.from_directory(folder)
                     checkpoint.set_metadata(dict(model_preset="tiny", epoch=epoch))
-                ray.train.report(dict(history[-1], summary=summary), checkpoint=checkpoint)
+                ray.train.report(history[-1], checkpoint=checkpoint)
 
     return scripted_run
 
@@ -104,7 +108,7 @@ def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(
 
 
 def test_two_runs_started_in_the_same_second_get_two_names(tmp_path, monkeypatch):
-    """The second would otherwise restore the first. Local mode writes nothing, so claims no folder; a URI has no
+    """The second would otherwise restore the first. Local mode keeps no checkpoint, so claims no folder; a URI has no
     folder to claim, and the process id tells two launches apart."""
     monkeypatch.setattr(ray_setup.time, "strftime", lambda fmt: "20261126-120000")
     args = argparse.Namespace(resume=False, checkpoint_dir=str(tmp_path), num_workers=2)
@@ -145,16 +149,23 @@ def test_every_process_of_a_ray_steps_job_asks_its_own_cluster_not_the_newest_on
     assert threads == "1"
 
 
-def test_the_summary_stays_the_last_line_when_ray_prints_later(ray_cluster):
+def test_the_summary_stays_the_last_line_when_ray_prints_later(ray_cluster, tmp_path):
     """Ray's driver prints its workers' lines, and its raylets' warnings, whenever they arrive: a raylet's "N
     PYTHON worker processes have been started" once came after a step's JSON summary, which the benchmarks read as
-    the run's last line. A task that prints 1 s after the summary: nothing of it may follow."""
-    summary = dict(memory_per_rank=[dict(params_mb=1, grads_mb=1, optimizer_mb=2, peak_mb=9)], step="late")
+    the run's last line. The Ray steps end with ray.shutdown(), then print_run_summary: a task that prints 1 s after
+    that, as a step's main() does it: nothing of it may follow."""
+    summary = dict(step="late", world_size=1, model="tiny", train_loss=2.0, test_accuracy=0.5, images_per_s=9.0,
+                   memory_per_rank=[dict(params_mb=1, grads_mb=1, optimizer_mb=2, peak_mb=9)])
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    for script in sorted(ROOT.glob("0[2-4]-*/train_*.py")):
+        source = script.read_text()
+        assert source.index("    ray.shutdown()") < source.index("    print_run_summary("), script
     driver = ("import time, ray\nfrom common.meter import print_run_summary\n"
               f"ray.init(address={ray_cluster!r}, logging_level='ERROR')\n"
               "@ray.remote(num_cpus=0)\ndef late():\n    time.sleep(1)\n    print('late line', flush=True)\n"
               "ray.get(ray.remote(num_cpus=0)(lambda: None).remote())\n"  # a worker ready, whose prints reach us
-              f"task = late.remote()\nprint_run_summary({summary!r}, time.time())\ntime.sleep(4)\n")
+              f"task = late.remote()\nray.shutdown()\nprint_run_summary({str(tmp_path)!r}, time.time())\n"
+              "time.sleep(4)\n")
     result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert json.loads(result.stdout.splitlines()[-1])["step"] == "late", result.stdout[-2000:] + result.stderr[-2000:]
 

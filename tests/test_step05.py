@@ -139,12 +139,18 @@ def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_a
     epoch 1 and then fails as a run out of restarts does: the sweep ends with one line that says to --resume, and
     --resume runs the failed trial again (resume_errored: Tune would leave it failed), which this time finishes."""
     def trial(config):
+        import json
+
         import ray.tune
 
         failed_once = Path(config["checkpoint_dir"], "failed once")
+        context = ray.tune.get_context()  # the trial's run folder, where step 02's rank 0 keeps the summary
+        run = Path(config["checkpoint_dir"], context.get_experiment_name(), f"train-{context.get_trial_id()}")
+        run.mkdir(parents=True, exist_ok=True)
         epochs = [dict(epoch=epoch, test_accuracy=0.3) for epoch in range(1, config["epochs"] + 1)]
         for epoch in epochs if failed_once.exists() else epochs[:1]:
-            ray.tune.report(dict(epoch, summary=dict(history=epochs[:epoch["epoch"]])))
+            (run / "summary.json").write_text(json.dumps(dict(history=epochs[:epoch["epoch"]])))
+            ray.tune.report(epoch)
         if not failed_once.exists():
             failed_once.touch()
             raise RuntimeError("the trial's worker group failed with no restart left")
