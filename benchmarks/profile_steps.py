@@ -5,11 +5,12 @@
 
 Every variant is a Ray Train run of its step script on --num-workers workers with --profile-steps N
 (common/profiling.py): after 2 warm-up steps, torch.profiler records N optimizer steps and every
-rank writes its trace. DDP runs as step 02 (Ray), not step 01 (torchrun), so that the four differ
-by their strategy only, not by their launcher. This writes into --out: the traces (traces/<variant>/
-rank<r>.json.gz, for https://ui.perfetto.dev), results.json (the machine, the command, the date,
-and per variant and rank the breakdown of every profiled step), results.md (the table) and
-timeline.png (one training step per rank, drawn from the traces, the variants stacked).
+rank writes its trace, which trace_analysis.py reads. DDP runs as step 02 (Ray), not step 01
+(torchrun), so that the four differ by their strategy only, not by their launcher. This writes
+into --out: the traces (traces/<variant>/rank<r>.json.gz, for https://ui.perfetto.dev),
+results.json (the machine, the command, the date, and per variant and rank the breakdown of every
+profiled step), results.md (the table) and timeline.png (one training step per rank, drawn from
+the traces, the variants stacked).
 """
 import argparse
 import json
@@ -25,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common import PRESETS  # noqa: E402
 from common.model import DEFAULT_PRESET  # noqa: E402
-from common.profiling import (PHASES, WARMUP_STEPS, load_trace, profiled_steps,  # noqa: E402
-                              step_parts)
+from common.profiling import WARMUP_STEPS  # noqa: E402
 from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line  # noqa: E402
+from trace_analysis import PHASES, load_trace, profiled_steps, step_parts, summarize  # noqa: E402
 
 VARIANTS = {  # name: (step, flags, title)
     "ddp": ("ray_ddp", [], "DDP (step 02)"),
@@ -108,20 +109,19 @@ def profile_variant(name: str, args, out: Path) -> dict:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
     variant = dict(name=name, title=VARIANTS[name][2], command=" ".join(cmd), status="failed",
                    error=None, wall_s=time.time() - started, load_average=load, ranks=[])
-    summaries = sorted(run_dir.glob("**/profile/summary.json"))
-    if returncode or not summaries:
+    profiles = sorted(run_dir.glob("**/profile/rank0.json.gz"))
+    if returncode or not profiles:
         variant["error"] = f"FAILED ({last_error_line(log_path)})"
     else:
         variant["status"] = "ok"
-        variant["ranks"] = copy_traces(summaries[-1], out / "traces" / name)
+        variant["ranks"] = copy_traces(summarize(profiles[-1].parents[1])["ranks"], out / "traces" / name)
     shutil.rmtree(run_dir, ignore_errors=True)
     return variant
 
 
-def copy_traces(summary_path: Path, to: Path) -> list:
+def copy_traces(ranks: list, to: Path) -> list:
     """The ranks' summaries, their traces copied beside the results (the run folder is deleted)."""
     to.mkdir(parents=True, exist_ok=True)
-    ranks = json.loads(summary_path.read_text())["ranks"]
     for rank in ranks:
         rank["trace"] = str(Path(shutil.copy(rank["trace"], to)).relative_to(to.parents[1]))
     return ranks

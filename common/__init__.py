@@ -11,7 +11,7 @@ _MODULES = {
     "model": ["PRESETS", "TRANSFORMER_BLOCK", "build_model", "count_params"],
     "training": ["crash_one_rank", "epoch_line", "evaluate", "gather_from_ranks", "load_checkpoint", "make_optimizer",
                  "make_scheduler", "memory_table", "peak_memory_mb", "predict", "save_checkpoint", "save_full_model",
-                 "state_memory_mb", "this_node"],
+                 "this_node"],
 }
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = list(_MODULE_OF)

@@ -2,7 +2,9 @@
 
 A step names its meter twice: made first thing in train() with the run's folder, and asked after each epoch to
 save the run so far there, beside the checkpoints, as summary.json. In between, the meter watches the run through
-PyTorch's global hooks (public API, this process only), each removed once it has seen what it waits for:
+PyTorch's global hooks (public API, this process only), removed once done (the module hooks at the first optimizer
+step, the optimizer's at the first summary: the profiled steps fit in the first epoch, check_profile_flag), and
+never from inside a hook of their own kind, while torch iterates over those:
 - the first submodule registered: the model is being built, so the data phase has ended;
 - the first forward: the model is built (and restored), so start-up has ended and --profile-steps starts;
 - every optimizer step after that: the profiler's schedule; the first one's time is the time to first step, and
@@ -45,13 +47,12 @@ class RunMeter:
                       register_optimizer_step_post_hook(self.optimizer_stepped)]
 
     def model_building(self, *_):
-        self.startup["data"] = time.time()
-        self.hooks[0].remove()
+        self.startup.setdefault("data", time.time())
 
     def first_forward(self, *_):
-        self.startup["model"] = time.time()
-        self.hooks[1].remove()
-        self.profiler = StepProfiler(self.args, self.rank, self.folder)
+        if self.profiler is None:
+            self.startup["model"] = time.time()
+            self.profiler = StepProfiler(self.args, self.rank, self.folder)
 
     def optimizer_stepped(self, optimizer, *_):
         if self.profiler is None:  # before training: loading a sharded optimizer state steps it once, at lr 0
@@ -59,12 +60,14 @@ class RunMeter:
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.args.launched
             self.state_memory = state_memory_mb(optimizer)
+            for hook in self.hooks[:2]:  # a global module hook slows every module's call: gone
+                hook.remove()
         self.profiler.step()
-        if self.profiler.done:
-            self.hooks[2].remove()
 
     def save_summary(self, history: list) -> None:
         """A collective: every rank calls it after each epoch; rank 0 writes the run so far to summary.json."""
+        for hook in self.hooks:  # all they measure is measured; removing twice does nothing
+            hook.remove()
         ranks = gather_from_ranks(dict(self.state_memory, peak_mb=peak_memory_mb(self.device), node=this_node()))
         if self.rank != 0 or "://" in self.args.checkpoint_dir:  # cloud storage: print_run_summary says so
             return

@@ -1,32 +1,11 @@
-"""--profile-steps N: a profiler trace per rank of N training steps, and where their time went.
+"""--profile-steps N: a profiler trace per rank of N training steps.
 
-After WARMUP_STEPS optimizer steps, torch.profiler records N more. Then every rank writes its trace
-to <folder>/profile/rank<r>.json.gz (open it in https://ui.perfetto.dev or chrome://tracing), and
-rank 0 prints one summary of every rank, also saved as <folder>/profile/summary.json: per optimizer
-step, the time in forward, backward and the optimizer, the calls and time of each collective, and
-how much of the communication overlapped compute.
-
-How the summary reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by the tests):
-- One training thread runs forward, backward (autograd runs CPU work on the thread that called
-  backward()) and the optimizer. Backward runs from the first autograd::engine::evaluate_function to
-  Optimizer.step#...; forward from the model's first event (DDP's or FSDP's forward, or the first
-  operator autograd records) to backward. The rest of the step (the next batch, augmentation, the
-  scheduler) is "other".
-- Each collective shows twice: where it was issued, on the training thread (c10d::allreduce_,
-  c10d::_allgather_base_, c10d::_reduce_scatter_base_: what the strategy asked for), and where it
-  ran, on one of gloo's own threads (gloo:all_reduce, gloo:all_gather), over the time it really
-  took, waiting for the other ranks included. gloo has no reduce-scatter: it all-reduces the whole
-  tensor and keeps its slice, so FSDP's reduce-scatters run as gloo:all_reduce. Calls are counted
-  where they were issued; their time is that of their run.
-- Compute is the time the training thread spends in operators (aten::*): waiting for a collective
-  is a gap between them. Overlapped: the part of the communication time during which it computed.
-On GPUs (untested with several: one GPU's trace was read) the trace also holds the GPU's timeline:
-a collective runs as an NCCL kernel, compute is the other kernels, and the phases, still timed on
-the CPU, are mostly the time to launch the GPU's work, which runs behind.
+After WARMUP_STEPS optimizer steps, torch.profiler records N more. Then every rank writes its trace to
+<folder>/profile/rank<r>.json.gz: open it in https://ui.perfetto.dev or chrome://tracing, or read where
+the time went with `python benchmarks/trace_analysis.py <folder>`. Kept out of the training loop: the
+run's meter (common/meter.py) starts the profiler at the first forward and steps it after every
+optimizer step.
 """
-import bisect
-import gzip
-import json
 import math
 import os
 import shutil
@@ -36,22 +15,16 @@ import torch
 from torch.profiler import ProfilerActivity
 from tqdm import tqdm
 
-from .training import gather_from_ranks
-
 # Not profiled: the first step (allocations, DDP building its buckets, FSDP's lazy init) and the
 # second (DDP rebuilds its buckets in the order gradients arrived, and the profiler's own start-up
 # cost lands in its first recorded step, which torch.profiler's warm-up discards).
 WARMUP_STEPS = 2
-AUTOGRAD_FUNCTION = "autograd::engine::evaluate_function"
-PHASES = ("step", "forward", "backward", "optimizer", "other")
-KINDS = {"reducescatter": "reduce_scatter", "allreduce": "all_reduce", "allgather": "all_gather",
-         "broadcast": "broadcast", "alltoall": "all_to_all", "barrier": "barrier"}
 
 
 def add_profile_flag(parser):
     parser.add_argument("--profile-steps", type=int, default=0, metavar="N",
                         help=f"profile N optimizer steps after {WARMUP_STEPS} warm-up steps: "
-                             "a trace per rank and a summary, in the run's folder, under profile/")
+                             "a trace per rank, in the run's folder, under profile/")
     return parser
 
 
@@ -86,7 +59,7 @@ class StepProfiler:
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         gpu = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
         self.profiler = torch.profiler.profile(
-            activities=[ProfilerActivity.CPU, *gpu], on_trace_ready=self.write_and_summarize,
+            activities=[ProfilerActivity.CPU, *gpu], on_trace_ready=self.write_trace,
             schedule=torch.profiler.schedule(wait=WARMUP_STEPS - 1, warmup=1, active=self.steps,
                                            repeat=1))
         self.profiler.start()
@@ -98,247 +71,16 @@ class StepProfiler:
     def step(self) -> None:
         if self.profiler is None:
             return
-        self.profiler.step()  # after the N-th profiled step, this calls write_and_summarize
+        self.profiler.step()  # after the N-th profiled step, this calls write_trace
         if self.profiler.step_num == WARMUP_STEPS + self.steps:
             self.profiler.stop()
             self.profiler = None
 
-    def write_and_summarize(self, profiler) -> None:
-        """Every rank, at the same step: this rank's trace, then one summary from rank 0."""
+    def write_trace(self, profiler) -> None:
+        """Every rank, at the same step: its own trace; rank 0 says where they are."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        trace = self.folder / f"rank{self.rank}.json.gz"
-        profiler.export_chrome_trace(str(trace))
-        steps = analyze_trace(load_trace(trace))
-        mine = dict(rank=self.rank, trace=str(trace), steps=steps, mean=mean(steps))
-        ranks = gather_from_ranks(mine)
-        if self.rank == 0:
-            summary = dict(warmup_steps=WARMUP_STEPS, profiled_steps=self.steps, ranks=ranks)
-            (self.folder / "summary.json").write_text(json.dumps(summary, indent=1))
-            tqdm.write(summary_table(summary, self.folder))  # below rank 0's progress bar
-
-
-def load_trace(path) -> list[dict]:
-    """A Chrome trace's complete events, and the starts of its forward-to-backward arrows."""
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    return [e for e in events
-            if e.get("ph") == "X" or (e.get("ph") == "s" and e.get("cat") == "fwdbwd")]
-
-
-def analyze_trace(events: list[dict]) -> list[dict]:
-    """The breakdown of every profiled step, in order."""
-    return [breakdown(step_parts(events, step)) for step in profiled_steps(events)]
-
-
-def profiled_steps(events: list[dict]) -> list[dict]:
-    """The steps on the training thread (a GPU trace also shows each step on the GPU's timeline)."""
-    steps = [e for e in events if e["name"].startswith("ProfilerStep#") and e["ph"] == "X"
-             and e.get("cat") != "gpu_user_annotation"]
-    return sorted(steps, key=lambda e: e["ts"])
-
-
-def step_parts(events: list[dict], step: dict) -> dict:
-    """One optimizer step: its forward and backward passes (one of each per micro-batch), the
-    optimizer, when the training thread computed, and the collectives; in microseconds."""
-    start, end, thread = step["ts"], end_of(step), step["tid"]
-    inside = [e for e in events if start <= e["ts"] < end and e is not step]
-    mine = [e for e in inside if e["tid"] == thread]
-    optimizer_steps = [span(e) for e in mine if e["name"].startswith("Optimizer.step#")]
-    zero_grads = [span(e) for e in mine if e["name"].startswith("Optimizer.zero_grad#")]
-    forward_starts = sorted(e["ts"] for e in mine if is_forward_start(e))
-    backward = backward_passes(inside, forward_starts, optimizer_steps)
-    return dict(start=start, end=end, forward=forward_passes(forward_starts, backward, start),
-                backward=backward, optimizer=optimizer_steps + zero_grads,
-                compute=compute_intervals(inside, thread), collectives=collectives(inside))
-
-
-def backward_passes(events: list[dict], forward_starts: list, optimizer_steps: list) -> list:
-    """(start, end) of each backward(): autograd's functions until a forward starts. The pass
-    that the optimizer follows lasts until the optimizer starts: after autograd's last function,
-    DDP still waits there for its last all-reduce."""
-    passes = []
-    functions = sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION))
-    for start, end in functions:
-        if passes and not starts_between(forward_starts, passes[-1][1], start):
-            passes[-1] = (passes[-1][0], max(passes[-1][1], end))
-        else:
-            passes.append((start, end))
-    for i, (start, end) in enumerate(passes):
-        optimizer = min((s for s, _ in optimizer_steps if s >= end), default=None)
-        if optimizer is not None and not starts_between(forward_starts, end, optimizer):
-            passes[i] = (start, optimizer)
-    return passes
-
-
-def forward_passes(forward_starts: list, backward: list, step_start: float) -> list:
-    """(start, end) of each forward: from the first forward event after the previous backward
-    (or the step's start) to its backward. Before it: the next batch, augmentation."""
-    passes, previous_end = [], step_start
-    for start, end in backward:
-        first = bisect.bisect_left(forward_starts, previous_end)
-        if first < len(forward_starts) and forward_starts[first] < start:
-            passes.append((forward_starts[first], start))
-        previous_end = end
-    return passes
-
-
-def starts_between(starts: list, begin: float, end: float) -> bool:
-    """Whether a sorted list holds a time in [begin, end)."""
-    first = bisect.bisect_left(starts, begin)
-    return first < len(starts) and starts[first] < end
-
-
-def is_forward_start(event: dict) -> bool:
-    """DDP's or FSDP1's forward, FSDP2's forward hooks, or an operator that autograd records."""
-    name = event["name"]
-    return (event["ph"] == "s" or name.endswith(".forward")
-            or name.startswith(("FSDP::root_pre_forward", "FSDP::pre_forward")))
-
-
-def compute_intervals(events: list[dict], thread) -> list[tuple]:
-    """When the device computed: GPU kernels other than NCCL's when the trace has any, else the
-    training thread's operators."""
-    kernels = [span(e) for e in events if e.get("cat") == "kernel" and not is_run(e)]
-    if kernels:
-        return union(kernels)
-    return union(span(e) for e in events if e["tid"] == thread and e["name"].startswith("aten::"))
-
-
-def collectives(events: list[dict]) -> list[dict]:
-    """Each collective issued in the step, its kind, and when it ran (None: no run in the trace).
-
-    The process group runs them in the order they were issued: each issue takes the first later
-    run of its kind (for a reduce-scatter on gloo, an all-reduce)."""
-    issued = outermost([e for e in events if is_issue(e)])
-    runs = sorted((e for e in events if is_run(e)), key=lambda e: e["ts"])
-    found = []
-    for issue in issued:
-        kind = collective_kind(issue["name"])
-        run = next((r for r in runs if r["ts"] >= issue["ts"] and collective_kind(r["name"]) in
-                    (kind, "all_reduce" if kind == "reduce_scatter" else kind)), None)
-        if run is not None:
-            runs.remove(run)
-        found.append(dict(kind=kind, ran=None if run is None else span(run)))
-    found += [dict(kind=collective_kind(r["name"]), ran=span(r)) for r in runs]  # issued unseen
-    return found
-
-
-def is_issue(event: dict) -> bool:
-    return event["name"].startswith("c10d::") and collective_kind(event["name"]) is not None
-
-
-def is_run(event: dict) -> bool:
-    name = event["name"]
-    return name.startswith("gloo:") or (event.get("cat") == "kernel" and "nccl" in name.lower())
-
-
-def collective_kind(name: str) -> str | None:
-    """all_reduce, all_gather, reduce_scatter ... from c10d::, gloo: or NCCL kernel names."""
-    plain = name.lower().replace("_", "")
-    return next((kind for key, kind in KINDS.items() if key in plain), None)
-
-
-def outermost(events: list[dict]) -> list[dict]:
-    """Drops the events nested in another of the same thread (a collective made of others)."""
-    kept, busy_until = [], {}
-    for e in sorted(events, key=lambda e: e["ts"]):
-        if e["ts"] >= busy_until.get(e["tid"], -math.inf):
-            kept.append(e)
-            busy_until[e["tid"]] = end_of(e)
-    return kept
-
-
-def breakdown(parts: dict) -> dict:
-    """A step's milliseconds: phases, each collective kind (calls, ms), communication, overlap."""
-    forward, backward = union(parts["forward"]), union(parts["backward"])
-    optimizer = union(parts["optimizer"])
-    busy = union(forward + backward + optimizer)
-    phases = dict(step=parts["end"] - parts["start"],
-                  forward=total(forward) - total(intersection(forward, optimizer)),
-                  backward=total(backward), optimizer=total(optimizer))
-    phases["other"] = phases["step"] - total(busy)
-    kinds = {}
-    for c in parts["collectives"]:
-        kind = kinds.setdefault(c["kind"], dict(calls=0, ms=0.0))
-        kind["calls"] += 1
-        kind["ms"] += length(c["ran"]) / 1000 if c["ran"] else 0.0
-    communication = union(c["ran"] for c in parts["collectives"] if c["ran"])
-    return dict({f"{name}_ms": us / 1000 for name, us in phases.items()}, collectives=kinds,
-                communication_ms=total(communication) / 1000,
-                overlapped_ms=total(intersection(communication, parts["compute"])) / 1000)
-
-
-def mean(steps: list[dict]) -> dict:
-    """The steps' average: every number, and every collective's calls and ms."""
-    def average(values):
-        return sum(values) / len(steps)
-
-    result = {key: average(s[key] for s in steps) for key in steps[0] if key.endswith("_ms")}
-    kinds = sorted({kind for s in steps for kind in s["collectives"]})
-    result["collectives"] = {
-        kind: {field: average(s["collectives"].get(kind, {}).get(field, 0) for s in steps)
-               for field in ("calls", "ms")} for kind in kinds}
-    return result
-
-
-def summary_table(summary: dict, folder: Path) -> str:
-    """What rank 0 prints: a line per rank, ms per optimizer step (mean of the profiled steps)."""
-    kinds = sorted({kind for r in summary["ranks"] for kind in r["mean"]["collectives"]})
-    rows = [["rank", "step", "forward", "backward", "optimizer", "other", *kinds, "communication",
-             "overlapped"]]
-    for r in summary["ranks"]:
-        m = r["mean"]
-        calls = [m["collectives"].get(kind, dict(calls=0, ms=0)) for kind in kinds]
-        overlapped = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
-        rows.append([str(r["rank"])] + [f"{m[f'{phase}_ms']:.1f}" for phase in PHASES] +
-                    [f"{c['calls']:g} calls, {c['ms']:.1f}" for c in calls] +
-                    [f"{m['communication_ms']:.1f}", f"{overlapped:.0%}"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-             for row in rows]
-    title = (f"profile: {summary['profiled_steps']} optimizer steps after "
-             f"{summary['warmup_steps']} warm-up steps, ms per step (mean); "
-             "collectives: calls and their ms in all, waits included")
-    where = f"traces (ui.perfetto.dev, chrome://tracing): {folder}/rank<r>.json.gz; summary.json"
-    return "\n".join([title, *table, where])
-
-
-def span(event: dict) -> tuple:
-    return event["ts"], end_of(event)
-
-
-def end_of(event: dict) -> float:
-    return event["ts"] + event.get("dur", 0)
-
-
-def length(interval: tuple) -> float:
-    return interval[1] - interval[0]
-
-
-def union(intervals) -> list[tuple]:
-    """Sorted, disjoint intervals covering the same time as the given ones."""
-    merged = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def intersection(a: list[tuple], b: list[tuple]) -> list[tuple]:
-    """The time in both of two unions (sorted, disjoint intervals)."""
-    both, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            both.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return both
-
-
-def total(intervals: list[tuple]) -> float:
-    return sum(end - start for start, end in intervals)
+        profiler.export_chrome_trace(str(self.folder / f"rank{self.rank}.json.gz"))
+        if self.rank == 0:  # below rank 0's progress bar
+            tqdm.write(f"profile: {self.steps} optimizer steps after {WARMUP_STEPS} warm-up steps, a trace "
+                       f"per rank: {self.folder}/rank<r>.json.gz (ui.perfetto.dev); where the time went: "
+                       f"python benchmarks/trace_analysis.py {self.folder.parent}")

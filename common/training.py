@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from .data import normalize
 from .errors import fail
@@ -87,19 +86,6 @@ def peak_memory_mb(device: torch.device) -> float:
 def maxrss_units_per_mb(platform: str) -> int:
     """ru_maxrss is in kilobytes on Linux, in bytes on macOS."""
     return 2**20 if platform == "darwin" else 1024
-
-
-def state_memory_mb(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Exact MB this rank holds for parameters, gradients and optimizer state, from the tensors it
-    owns: the full model under DDP, only its shard under FSDP2 (a DTensor's local part)."""
-    def mb(tensors):
-        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-        return sum(t.numel() * t.element_size() for t in local) / 2**20
-
-    params = list(model.parameters())
-    return dict(params_mb=mb(params), grads_mb=mb(p.grad for p in params if p.grad is not None),
-                optimizer_mb=mb(v for state in optimizer.state.values() for v in state.values()
-                                if isinstance(v, torch.Tensor)))
 
 
 def gather_from_ranks(value) -> list:

@@ -391,10 +391,11 @@ def reported_metrics(run_folder: Path) -> list[dict]:
 
 
 def profile_summary(folder) -> dict:
-    """The --profile-steps summary of a run: step 01's --checkpoint-dir, or a Ray run's folder in its storage."""
-    found = sorted(Path(folder).glob("profile/summary.json")) + sorted(Path(folder).glob("*/profile/summary.json"))
+    """What benchmarks/trace_analysis.py reads from the --profile-steps traces of a run: step 01's --checkpoint-dir,
+    or a Ray run's folder in its storage (the traces are the run's; the reading is the benchmarks')."""
+    found = sorted({trace.parents[1] for trace in Path(folder).glob("**/profile/rank*.json.gz")})
     assert len(found) == 1, found
-    return json.loads(found[0].read_text())
+    return load_script("benchmarks/trace_analysis.py").summarize(found[0])
 
 
 def collectives_per_step(summary: dict) -> list[dict]:

@@ -55,6 +55,16 @@ def test_the_hooks_time_the_start_up_and_measure_what_a_rank_holds_after_its_fir
     assert summary["params"] > 800_000  # tiny's, whatever this rank held: the meter counts the model, not a shard
 
 
+def test_a_meter_left_by_a_run_that_crashed_early_breaks_no_later_run(tmp_path):
+    """A run in this process (local mode, a test) that failed before its first optimizer step leaves its meter's
+    hooks registered: the next run's meter, its model and any other module work beside them."""
+    RunMeter("crashed", run_args(), 0, torch.device("cpu"), tmp_path / "crashed")
+    meter = train_one_step(tmp_path)
+    nn.Sequential(nn.Linear(2, 2))(torch.randn(1, 2))
+    meter.save_summary([epoch(1)])
+    assert json.loads((tmp_path / "summary.json").read_text())["time_to_first_step_s"] > 0
+
+
 def test_a_step_before_training_is_not_the_first_step(tmp_path):
     """Loading a sharded optimizer state (torch.distributed.checkpoint's set_state_dict, steps 03 and 04) steps the
     optimizer once, before any forward: neither the time to first step nor the state memory is taken there."""

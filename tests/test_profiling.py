@@ -1,8 +1,11 @@
-"""common/profiling.py: the interval arithmetic and the reading of a trace, on hand-made traces; then the profiles of
-the scripts' own runs (step 01's torchrun DDP run and step 04's FSDP2 run, the suite's shared runs), and PyTorch's
-DDP all-reducing in every backward but under no_sync() (upstream)."""
+"""benchmarks/trace_analysis.py: the interval arithmetic and the reading of a trace, on hand-made traces; then the
+traces that common/profiling.py writes in the scripts' own runs (step 01's torchrun DDP run and step 04's FSDP2 run,
+the suite's shared runs), and PyTorch's DDP all-reducing in every backward but under no_sync() (upstream)."""
 import argparse
 import contextlib
+import re
+import runpy
+import sys
 
 import pytest
 import torch
@@ -10,9 +13,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from common.flags import Parser
-from common.profiling import (StepProfiler, add_profile_flag, analyze_trace, check_profile_flag,
-                              collective_kind, intersection, load_trace, total, union)
-from conftest import profile_summary
+from common.profiling import StepProfiler, add_profile_flag, check_profile_flag
+from conftest import ROOT, load_script, profile_summary
+
+analysis = load_script("benchmarks/trace_analysis.py")
+analyze_trace, collective_kind, intersection = analysis.analyze_trace, analysis.collective_kind, analysis.intersection
+load_trace, total, union = analysis.load_trace, analysis.total, analysis.union
 
 MAIN, GLOO_A, GLOO_B = 1, 2, 3  # thread ids: the training thread and two of gloo's
 NEXT_BATCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -177,10 +183,16 @@ def assert_profiled_steps(summary: dict, ranks: int):
         assert runs and all(e["tid"] != training for e in runs)
 
 
-def test_step01s_ddp_run_is_profiled_phase_by_phase_and_printed(ddp_run):
-    """The script's own run (torchrun, 2 ranks, 2 micro-batches per step): test_step01 counts its all-reduces."""
+def test_step01s_ddp_run_is_profiled_phase_by_phase_and_its_table_printed(ddp_run, capsys, monkeypatch):
+    """The script's own run (torchrun, 2 ranks, 2 micro-batches per step): test_step01 counts its all-reduces. The
+    command the run prints prints the table."""
     assert_profiled_steps(profile_summary(ddp_run[1]), ranks=2)
-    assert "  2 calls, " in ddp_run[2].stdout  # the all_reduce column of the printed table: calls, ms in all
+    command = re.search(r"where the time went: (python \S+ \S+)", ddp_run[2].stdout)[1]
+    assert command == f"python benchmarks/trace_analysis.py {ddp_run[1]}"
+    monkeypatch.setattr(sys, "argv", command.split()[1:])
+    runpy.run_path(str(ROOT / "benchmarks/trace_analysis.py"), run_name="__main__")
+    table = capsys.readouterr().out
+    assert "  2 calls, " in table  # the all_reduce column: calls, ms in all
 
 
 def test_step04s_fsdp2_run_is_profiled_phase_by_phase_on_both_ranks(fsdp2_run):

@@ -34,14 +34,13 @@ def tune_results(sweep_dir) -> dict:
 
 @pytest.mark.early(run=finished_sweep)
 def test_each_trial_profiles_into_its_own_run_folder(early_run):
-    """--profile-steps: a trace per rank and the summary in each trial's run folder, beside its checkpoints (where
+    """--profile-steps: a trace per rank in each trial's run folder, beside its checkpoints (where
     step 02 alone would write them: under --checkpoint-dir, outside the sweep)."""
     report, tmp_path, _ = early_run
     runs = sorted(Path(report["sweep"]).glob("train-*"))
     assert len(runs) == 3
     for run in runs:
-        assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank0.json.gz", "rank1.json.gz",
-                                                                       "summary.json"]
+        assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
     assert not list((tmp_path / "runs").glob("train-*"))
 
 
