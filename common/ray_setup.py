@@ -20,6 +20,8 @@ from ray.experimental import tqdm_ray
 from .errors import fail, first_process
 from .flags import flag_value
 from .training import check_compatible
+from .ray_internals import (POLL_INTERVAL, PREEMPTION_WATCHER, PRINT_PATCH, WORKER_GROUP_START_TIMEOUT,
+                            key_progress_bar)
 from .worker_setup import quiet_report_logs
 
 POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see init_options)
@@ -76,11 +78,11 @@ def init_options(address: str) -> dict:
     PreemptionWatcher (it watches for spot instances being drained; its start-up line looks like an error)."""
     if address not in ("local", "auto"):
         check_reachable(address)
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    os.environ.setdefault(PRINT_PATCH, "0")
     # Every ray.train.report waits for the controller's next poll of the workers: every 2 s by default.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(POLL_INTERVAL_S))
+    os.environ.setdefault(POLL_INTERVAL, str(POLL_INTERVAL_S))
     if address == "local":
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        os.environ.setdefault(PREEMPTION_WATCHER, "0")
     return dict(logging_level=logging.WARNING, log_to_driver=True,
                 logging_config=ray.LoggingConfig(log_level="ERROR"))
 
@@ -105,8 +107,7 @@ def progress_bar(batches, total: int, desc: str, show: bool):
         # drawn, and redrawn under every line to the end of the run. Keyed by run and epoch instead, the bar of
         # the restarted worker group takes its place.
         ip, pid = os.environ[DRIVER].split()
-        bar._ip, bar._pid = ip, int(pid)
-        bar._uuid = f"{ray.train.get_context().get_experiment_name()} {desc}"
+        key_progress_bar(bar, ip, int(pid), f"{ray.train.get_context().get_experiment_name()} {desc}")
     for batch in batches:
         yield batch
         bar.update(1)
@@ -132,7 +133,7 @@ def crash_one_worker(rank: int, world_size: int) -> None:
     registered the checkpoint just reported: its controller does when it next polls the workers, so crash well
     after that, or Ray restarts from the checkpoint before."""
     if rank == world_size - 1:
-        time.sleep(5 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]))
+        time.sleep(5 * float(os.environ[POLL_INTERVAL]))
         os._exit(1)
 
 
@@ -156,7 +157,7 @@ def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
     if isinstance(count, tuple):  # --num-workers MIN-MAX, elastic: the run starts as soon as MIN workers fit
         request, use, count = f"{flag} {count[0]}-{count[1]}", "a MIN of ", count[0]
         # After a node is lost, Ray first retries the group at the size it last saw: wait less than a minute.
-        os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(ELASTIC_START_TIMEOUT_S))
+        os.environ.setdefault(WORKER_GROUP_START_TIMEOUT, str(ELASTIC_START_TIMEOUT_S))
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     use_gpu = gpus > 0 if args.use_gpu is None else args.use_gpu
