@@ -20,6 +20,7 @@ from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from common import make_parser
+from common.sweep import FreeStoppedTrialsWorkers, noise_command, train_command
 from conftest import ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
 
 
@@ -168,7 +169,7 @@ def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_a
 def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
     """Ray keeps a stopped trial's workers' placement group (and their CPUs) until the sweep's job ends; the sweep
     removes it, but only once the trial's own group is gone, and with it the controller that could restart them."""
-    free = load_script(TUNE).FreeStoppedTrialsWorkers(tmp_path)
+    free = FreeStoppedTrialsWorkers(tmp_path)
     trial, workers = placement_group([{"memory": 2**20}]), placement_group([{"CPU": 1}])
     ray.get([trial.ready(), workers.ready()])
     (tmp_path / "train-t1").mkdir()
@@ -214,6 +215,20 @@ def test_asha_stops_the_trial_behind_at_the_grace_period_never_the_one_ahead(mon
                          "ahead": "CONTINUE"}
 
 
+def test_asha_may_stop_a_trial_after_its_last_epochs_report_which_still_counts_it_finished(monkeypatch, tmp_path):
+    """--epochs 2, --grace-period 1: ASHA's rungs are at epochs 1 and 2, so the trial behind at epoch 2, its last,
+    gets STOP after that report (05-ray-tune/README.md says so). It has trained every epoch: describe_trial counts
+    it finished, not stopped early."""
+    asha = sweep_scheduler(monkeypatch, tmp_path, "--epochs", "2", "--grace-period", "1", "--num-samples", "2")
+    decisions = []
+    for name, epoch, accuracy in [("a", 1, 0.5), ("b", 1, 0.6), ("a", 2, 0.5), ("b", 2, 0.4)]:
+        trial = SimpleNamespace(trial_id=name)
+        if epoch == 1:
+            asha.on_trial_add(None, trial)
+        decisions.append(asha.on_trial_result(None, trial, {"epoch": epoch, "test_accuracy": accuracy}))
+    assert decisions == ["CONTINUE", "CONTINUE", "CONTINUE", "STOP"]
+
+
 def step01_parses(capsys, command: str) -> str:
     """The command's flags through step 01's own parser and its checks (check_flags), stopped before any work: the
     error line it prints, or '' if it accepts them."""
@@ -231,7 +246,7 @@ def test_the_winners_printed_commands_parse_whatever_warmup_the_sweep_drew(epoch
     """The README's sweep ran 1 epoch while the warmup was drawn up to 1.5: trials warmed up for longer than they
     trained, and the winner's printed command was refused (--warmup-epochs longer than --epochs). Every warmup the
     sweep's own search space can draw is now at most --epochs, reached, and both printed commands parse."""
-    tune_script = load_script(TUNE)
+    SEARCH_SPACE = load_script(TUNE).SEARCH_SPACE
     space = built_sweep(monkeypatch, tmp_path, "--epochs", str(epochs), "--grace-period", "1",
                         "--data-dir", str(tmp_path / "data"))["param_space"]
     assert space["epochs"] == epochs
@@ -242,11 +257,11 @@ def test_the_winners_printed_commands_parse_whatever_warmup_the_sweep_drew(epoch
     assert max(warmups) == min(epochs, 1.5) and min(warmups) == 0.25, warmups
     for warmup in sorted(warmups):
         config = next(c for c in drawn if c["warmup_epochs"] == warmup)
-        for command in (tune_script.train_command(config), tune_script.noise_command(config)):
+        for command in (train_command(config, SEARCH_SPACE), noise_command(config, SEARCH_SPACE)):
             assert step01_parses(capsys, command) == "", command
     # and the check it passes is the one that refused the old commands:
     too_long = dict(config, warmup_epochs=epochs + 0.5)
-    assert "--warmup-epochs" in step01_parses(capsys, tune_script.train_command(too_long))
+    assert "--warmup-epochs" in step01_parses(capsys, train_command(too_long, SEARCH_SPACE))
 
 
 @pytest.mark.upstream

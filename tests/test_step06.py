@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from common import build_model, evaluate, load_data, predict
+from common.inference import load_sharded, save_sample_grid
 from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, checkpoint_weights, final_json, forbid_ray,
                       latest_ray_checkpoint, load_script, python, ray_checkpoints)
 
@@ -103,7 +104,7 @@ def test_every_checkpoint_format_loads_and_gives_its_epochs_accuracy(step06, ddp
             assert_same_weights(loaded[0][0], checkpoint_weights(paths[-1]))
         assert accuracy_on_one_device(loaded[0][0], "tiny") == accuracy, name
     # The last sharded checkpoint, loaded without a process group, is exactly the full model.pt export.
-    assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), step06.load_sharded(fsdp2_last, "tiny"))
+    assert_same_weights(torch.load(fsdp2_last / "model.pt", weights_only=True), load_sharded(fsdp2_last, "tiny"))
 
 
 # Errors found before Ray starts: step 06's main() in this process (main_error), no interpreter to start.
@@ -194,8 +195,8 @@ def red_pixels(path: Path) -> int:
 def test_sample_grid_frames_mistakes_in_red_and_only_mistakes(step06, tmp_path):
     gray = np.full((2, 3, 32, 32), 128, dtype=np.uint8)
     rows = pd.DataFrame(dict(label=[3, 5], predicted=[3, 3], predicted_class=["cat", "cat"], probability=[0.9, 0.6]))
-    step06.save_sample_grid(gray, rows, ["true: cat", "true: dog"], tmp_path / "one_mistake.png")
-    step06.save_sample_grid(gray, rows.assign(label=3), ["true: cat", "true: cat"], tmp_path / "none.png")
+    save_sample_grid(gray, rows, ["true: cat", "true: dog"], tmp_path / "one_mistake.png")
+    save_sample_grid(gray, rows.assign(label=3), ["true: cat", "true: cat"], tmp_path / "none.png")
     assert red_pixels(tmp_path / "one_mistake.png") > 100 and red_pixels(tmp_path / "none.png") == 0
 
 
