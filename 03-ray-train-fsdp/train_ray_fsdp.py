@@ -37,9 +37,9 @@ STEP = "ray_fsdp"
 def main():
     parser = add_ray_flags(make_parser(__doc__, STEP), local_mode=True)
     args = parser.parse_args()
-    if args.num_workers == 1:  # with one worker prepare_model would not wrap the model at all
-        parser.error("--num-workers 1 is too few: sharding needs 2 or more workers (with one GPU: "
-                     "--num-workers 2 --no-gpu shards over CPU workers)")
+    if args.num_workers == 1:  # it would train (shard_fsdp1 wraps one by hand), sharding nothing
+        parser.error("--num-workers 1 shards nothing: sharding needs 2 or more workers (with one "
+                     "GPU: --num-workers 2 --no-gpu shards over CPU workers)")
     load_data(args.data, args.data_dir, args.eval_images)  # fail here, not in a worker (retried)
     name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
     if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)

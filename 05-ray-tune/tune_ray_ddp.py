@@ -121,7 +121,11 @@ def main():
     if failed:
         raise fail(f"{failed} trial(s) failed (see above); run the same command with --resume to "
                    f"continue them from their last checkpoint")
-    print(json.dumps(report))
+    # The last line: the headline, and where the whole report is (results.json, in --out).
+    print(json.dumps(dict(step=STEP, trials=len(trials), best_trial=best["trial_id"],
+                          best_accuracy=round(best["best_accuracy"], 4),
+                          wall_time_s=round(report["wall_time_s"], 1),
+                          summary=str((Path(args.out) / "results.json").resolve()))))
 
 
 def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:

@@ -122,7 +122,12 @@ def main():
         summary.update(report_evaluation(table, data, out))
     print(f"predictions: {out / 'predictions'} (Parquet) | "
           f"plots: {', '.join(map(str, sorted(out.glob('*.png'))))}")
-    print(json.dumps(summary))
+    # The last line: the headline, and where the whole summary is.
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    headline = {key: round(summary[key], 4) for key in ("images_per_s", "accuracy")
+                if key in summary}
+    print(json.dumps(dict(step=STEP, model=preset, images=len(table), **headline,
+                          summary=str((out / "summary.json").resolve()))))
 
 
 def check_flags(parser: Parser, args) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from common.meter import RunMeter, print_run_summary
-from conftest import EPOCH_FIELDS, LAST_LINE_MAX, ROOT
+from conftest import EPOCH_FIELDS, LAST_LINE_MAX, ROOT, assert_short_last_line
 
 TRAINING_SCRIPTS = sorted(ROOT.glob("0[1-4]-*/train_*.py"))
 
@@ -136,3 +136,13 @@ def test_a_training_function_names_its_meter_twice_and_reports_the_epochs_metric
                and ast.unparse(node.func) == "ray.train.report"]
     assert all(ast.unparse(call.args[0]) == "history[-1]" for call in reports), [ast.unparse(c) for c in reports]
     assert ("ray" in script.parent.name) == bool(reports)
+
+
+@pytest.mark.parametrize("run", ["single_run", "ddp_run", "ray_run", "fsdp2_run"])  # fsdp1_run: test_step03
+def test_every_training_steps_last_line_is_a_short_headline_naming_its_summary(run, request):
+    """Steps 01-04 as the suite's shared runs ran them (a crash and restart, a resume on more workers included):
+    the last line names the summary in the run's folder (step 01's --checkpoint-dir, a Ray run's folder)."""
+    summary, folder, result = request.getfixturevalue(run)
+    named = Path(json.loads(result.stdout.strip().splitlines()[-1])["summary"])
+    assert named.parent in (Path(folder).resolve(), *[p.resolve() for p in Path(folder).iterdir() if p.is_dir()])
+    assert_short_last_line(result.stdout, summary, named.parent)

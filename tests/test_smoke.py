@@ -11,6 +11,7 @@ The tier has two more tests, each a script's main() in the test process: step 02
 step 02 with Ray Data on both nodes' CPUs (test_step02_ray_data.py, with the checks of its shards)."""
 import os
 import subprocess
+import json
 import sys
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import pandas as pd
 import pytest
 
 from common import build_model
-from conftest import (EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary, checkpoint_weights, final_json,
-                      finished_sweep, forbid_ray, free_port, python, start)
+from conftest import (EVAL_IMAGES, LAST_LINE_MAX, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
+                      checkpoint_weights, final_json, finished_sweep, forbid_ray, free_port, python, start)
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
@@ -106,6 +107,8 @@ def test_tune_sweep_runs_its_trials_and_reports_them(inference, ray_cluster, ear
 def test_batch_inference_reproduces_the_single_machine_runs_accuracy(inference, single_run):
     result, out = inference.finish("inference")
     assert final_json(result)["accuracy"] == single_run[0]["test_accuracy"]  # the same images and weights
+    last = result.stdout.strip().splitlines()[-1]  # short, naming the whole summary
+    assert len(last) <= LAST_LINE_MAX and json.loads(last)["summary"] == str((out / "summary.json").resolve())
     assert len(pd.read_parquet(out / "predictions")) == EVAL_IMAGES  # one prediction per image
 
 

@@ -5,8 +5,8 @@ import torch
 
 from common import build_model, evaluate, load_data
 from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_half_the_state_per_rank, assert_same_weights,
-                      assert_sane_summary, checkpoint_weights, collectives_per_step, final_json, latest_ray_checkpoint,
-                      load_script, profile_summary, ray_script, resumed_after)
+                      assert_sane_summary, assert_short_last_line, checkpoint_weights, collectives_per_step, final_json,
+                      latest_ray_checkpoint, load_script, profile_summary, ray_script, resumed_after)
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 
@@ -23,8 +23,9 @@ def fsdp1_run(ray_cluster, tmp_path_factory):
 
 
 def test_fsdp1_trains_on_cpus_and_says_how_it_wrapped_the_model(fsdp1_run):
-    summary, _, result = fsdp1_run
+    summary, storage, result = fsdp1_run
     assert_sane_summary(summary, "ray_fsdp", world_size=2)
+    assert_short_last_line(result.stdout, summary, latest_ray_checkpoint(storage).parent)
     assert summary["nodes"] == 2 and summary["device"] == "cpu"
     assert result.stdout.splitlines()[0] == ("FSDP1: on CPUs, FullyShardedDataParallel by hand: "
                                              "prepare_model refuses fsdp without CUDA")
@@ -64,7 +65,7 @@ def test_crashed_worker_restarts_from_the_last_checkpoint(fsdp1_run):
 
 def test_one_worker_is_refused_in_one_line(tmp_path, run_main):
     assert run_main(RAY_FSDP, *SMOKE, "--num-workers", "1", "--checkpoint-dir", str(tmp_path)) == (
-        2, ["error: --num-workers 1 is too few: sharding needs 2 or more workers (with one GPU: --num-workers 2 "
+        2, ["error: --num-workers 1 shards nothing: sharding needs 2 or more workers (with one GPU: --num-workers 2 "
             "--no-gpu shards over CPU workers)"])
 
 

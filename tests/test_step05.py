@@ -21,7 +21,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from common import make_parser
 from common.sweep import FreeStoppedTrialsWorkers, noise_command, train_command
-from conftest import ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
+from conftest import LAST_LINE_MAX, ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
 
 
 def tune_results(sweep_dir) -> dict:
@@ -95,6 +95,9 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(ea
     assert (flags.lr, flags.warmup_epochs, flags.weight_decay) == pytest.approx(
         (best["lr"], best["warmup_epochs"], best["weight_decay"]), rel=1e-3)
     assert report["train_command"] in result.stdout
+    last = result.stdout.strip().splitlines()[-1]  # short, naming the whole report
+    assert len(last) <= LAST_LINE_MAX
+    assert json.loads(last)["summary"] == str((tmp_path / "out" / "results.json").resolve())
 
 
 def interrupted_sweep(folder: Path, lane) -> dict:
