@@ -325,6 +325,59 @@ def suite_time_cores(folder: Path) -> list:
     return lines
 
 
+
+# --- ray_overhead.py's results.md, one function per tool ---------------------------------------------------------
+
+
+def cpu_share_markdown(report: dict) -> str:
+    lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
+             f"{report['window_s']:.0f} s window, {report['cpus']} cores; the machine was busy "
+             f"{report['machine_busy_cores']:.3f} cores on average; rank 0 made {report['steps_per_s']:.3f} optimizer "
+             f"steps per second.", "",
+             "| process | cores | its threads (cores) |", "|---|---|---|"]
+    for p in report["training_processes"]:
+        threads = ", ".join(f"{t} {c:.3f}" for t, c in p["threads"].items())
+        lines.append(f"| {p['pid']} `{p['name'][:60]}` | {p['cores']:.3f} | {threads} |")
+    others = sum(p["cores"] for p in report["other_processes"])
+    lines.append(f"| every other process ({len(report['other_processes'])} over 0.002) | {others:.3f} | |")
+    lines += ["", "| training process | its training thread (cores) | the kernel took its core (per s) "
+              "| it gave its core up (per s) |", "|---|---|---|---|"]
+    lines += [f"| {p['pid']} | {t['cores']:.3f} | {t['involuntary_switches_per_s']:.1f} | "
+              f"{t['voluntary_switches_per_s']:.1f} |" for p in report["training_processes"]
+              for t in [p["training_thread"]]]
+    lines += ["", "| other process | cores |", "|---|---|"]
+    lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
+    return "\n".join(lines) + "\n"
+
+
+def fit_processes_markdown(report: dict) -> str:
+    fits = report["fits"]
+    lines = [f"`python benchmarks/{report['command']}`", "", f"Machine: {report['machine']}", "",
+             "A two-node Ray cluster on this machine (1 CPU per node), a driver already connected; each fit a "
+             f"TorchTrainer with 2 CPU workers and one metric-only report, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="
+             f"{report['poll_interval_s']}.", "",
+             "| fit | wall time (s) | CPU time of every other process (s) | processes started for it |",
+             "|---|---|---|---|"]
+    lines += [f"| {i} | {f['wall_s']} | {f['cpu_s']} | {f['new_processes']} |" for i, f in enumerate(fits, 1)]
+    lines += ["", f"Fit {len(fits)}, process by process (0.05 s of CPU or more):", "",
+              "| process | started for this fit | CPU time (s) |", "|---|---|---|"]
+    lines += [f"| {p['role']} | {'yes' if p['new'] else 'no'} | {p['cpu_s']} |" for p in fits[-1]["processes"]]
+    return "\n".join(lines) + "\n"
+
+
+def report_latency_markdown(report: dict) -> str:
+    reports = report["reports"]
+    lines = [f"`python benchmarks/{report['command']}`", "",
+             f"Machine: {report['machine']}; Ray {report['ray']}; {report['date']}", "",
+             f"2 CPU workers, {reports} reports each ({reports - 1} metric-only, timed on rank 0, "
+             "then one with a checkpoint); a fresh local Ray per row.", "",
+             "| RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | metric-only reports (s) | per report (s) | whole fit (s) |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['interval_s']} | {r['metric_only_reports_s']:.1f} | {r['per_report_s']:.2f} | {r['fit_s']:.1f} |"
+              for r in report["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
 
 SLIDE_RUN_NAMES = {

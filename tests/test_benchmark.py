@@ -100,8 +100,8 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
                 "    busy_until = time.time() + 0.05\n"
                 "    while time.time() < busy_until:\n"
                 "        pass\n")
-    result = python("benchmarks/cpu_share.py", "--after", "1", "--seconds", "2", "--out", str(tmp_path), "--",
-                    sys.executable, "-c", stand_in, timeout=25, preexec_fn=ignore_ctrl_c)
+    result = python("benchmarks/ray_overhead.py", "cpu-share", "--after", "1", "--seconds", "2", "--out",
+                    str(tmp_path), "--", sys.executable, "-c", stand_in, timeout=25, preexec_fn=ignore_ctrl_c)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     # The stand-in used over half a core (as may anything else on the machine: cpu_share sees every process).
@@ -124,13 +124,13 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
 def test_cpu_share_counts_each_threads_cores_and_switches_in_the_window():
     """summarize() on hand-made /proc readings (100 ticks a second): a thread born in the window counts from zero,
     the busiest thread of a process is its training thread, and a process under half a core is not training."""
-    cpu_share = load_script("benchmarks/cpu_share.py")
-    ticks = cpu_share.TICKS
+    ray_overhead = load_script("benchmarks/ray_overhead.py")
+    ticks = ray_overhead.TICKS
     before = {("10", "10"): ("train", "python", 0, 5, 7), ("10", "11"): ("train", "omp", 0, 0, 0),
               ("20", "20"): ("idle", "python", 0, 0, 0)}
     after = {("10", "10"): ("train", "python", 3 * ticks, 25, 207), ("10", "11"): ("train", "omp", ticks, 2, 4),
              ("10", "12"): ("train", "new", ticks // 2, 1, 1), ("20", "20"): ("idle", "python", ticks // 10, 2, 0)}
-    report = cpu_share.summarize(before, after, machine_busy=5 * ticks, steps=40, seconds=4.0, command=["x"])
+    report = ray_overhead.summarize(before, after, machine_busy=5 * ticks, steps=40, seconds=4.0, command=["x"])
     [training] = report["training_processes"]
     assert training["pid"] == 10 and training["cores"] == pytest.approx(4.5 / 4)
     assert training["training_thread"] == dict(cores=0.75, voluntary_switches_per_s=5.0,
@@ -141,7 +141,7 @@ def test_cpu_share_counts_each_threads_cores_and_switches_in_the_window():
 
 
 def test_ray_fit_processes_names_each_process_by_the_actor_it_ran():
-    role = load_script("benchmarks/ray_fit_processes.py").role
+    role = load_script("benchmarks/ray_overhead.py").role
     assert role(["/venv/bin/python", "ray::IDLE", "ray::TrainController.__init__", "ray::TrainController.run"]) == (
         "TrainController")
     assert role(["/venv/bin/python", "ray::IDLE"]) == "idle worker"
