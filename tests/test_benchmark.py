@@ -46,18 +46,18 @@ def test_benchmark_writes_table_and_plots(tmp_path):
 def test_the_memory_section_shows_each_ranks_state_from_a_memory_run(tmp_path):
     """A memory run as compare_steps records it (FSDP1 on 2 workers; rank 0 holds half of tiny's 4 MB, rounded up),
     and one that could not fit: the table's rows and the stacked-bar plot."""
-    compare_steps = load_script("benchmarks/compare_steps.py")
+    compare_steps, tables = load_script("benchmarks/compare_steps.py"), load_script("benchmarks/tables.py")
     memory = [dict(params_mb=2.0, grads_mb=2.0, optimizer_mb=4.0, peak_mb=900.0),
               dict(params_mb=1.9, grads_mb=1.9, optimizer_mb=3.8, peak_mb=880.0)]
     summary = dict(model="tiny", params=1_000_000, global_batch_size=32, memory_per_rank=memory,
                    peak_memory_mb=[900.0, 880.0])
     runs = [compare_steps.Run("memory_fsdp1_n2", "memory", "ray_fsdp", 2, status="ok", summary=summary),
             compare_steps.Run("memory_ddp_n2", "memory", "ray_ddp", 2, skipped="does not fit", status="skipped")]
-    lines = compare_steps.memory_markdown(runs)
+    lines = tables.memory_markdown(runs)
     assert lines[0] == "## Memory per rank: model tiny (1,000,000 parameters)"
     assert "| FSDP1 (step 03) | 2 | no | 2 | 2 | 4 | 0.01 | 0.9 |" in lines
     assert "| DDP (step 02) | 2 | no | skipped: does not fit | | | | |" in lines
-    [plot] = compare_steps.write_plots(runs, tmp_path)
+    [plot] = tables.write_plots(runs, tmp_path)
     assert plot.name == "memory.png" and plot.read_bytes().startswith(PNG_SIGNATURE)
 
 
@@ -168,9 +168,8 @@ def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_p
 
 
 def test_a_single_run_gets_no_comparisons_heading():
-    compare_steps = load_script("benchmarks/compare_steps.py")
     results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
-    table = compare_steps.results_markdown(results)
+    table = load_script("benchmarks/tables.py").steps_results_markdown(results)
     assert "| single_machine | 1 | 42.85% |" in table and "Comparisons" not in table
 
 
@@ -197,7 +196,7 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
     assert tables.measured_on(merged) == ("a machine; recipe_seed0: 2026-11-26, commit aaaaaaa; "
                                           "recipe_seed1, recipe_seed2: 2026-11-26, commit bbbbbbb")
     assert ("`python benchmarks/--recipe-seeds 0 1` (2026-11-26, code: commit aaaaaaa; runs: recipe_seed0, "
-            "recipe_seed0_exact)") in compare_steps.results_markdown(merged)
+            "recipe_seed0_exact)") in tables.steps_results_markdown(merged)
 
 
 @pytest.mark.parametrize("published, refusal", [
