@@ -42,9 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other
-from compare_steps import (Run, command, describe_commit, describe_machine, execute, inference_table,  # noqa: E402
-                           outcome_line, steady_images_per_s)
-from tables import steps_table  # noqa: E402
+from compare_steps import (Run, command, describe_commit, describe_machine, execute, outcome_line,  # noqa: E402
+                           steady_images_per_s)
+from tables import inference_table, steps_table  # noqa: E402
 
 from common import PRESETS  # noqa: E402
 from common.model import DEFAULT_PRESET  # noqa: E402

@@ -15,6 +15,7 @@ document's table is never typed by hand: tests/test_tables.py renders every regi
 committed results and fails when a document differs.
 """
 import argparse
+import ast
 import json
 import math
 import re
@@ -24,8 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_steps import (Run, evaluation_seconds, inference_table, made_by_runs, memory_markdown,  # noqa: E402
-                           recipe_table, steady_images_per_s)
+from compare_steps import Run, evaluation_seconds, steady_images_per_s  # noqa: E402
 from profile_steps import results_table as profile_table  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
@@ -37,8 +37,8 @@ TUNE = PUBLISHED / "tune-sweep" / "results.json"
 PROFILE = PUBLISHED / "profile" / "results.json"
 REHEARSAL = PUBLISHED / "rehearsal" / "results.json"
 LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
-DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "slides/workshop.md", "slides/README.md",
-             "TROUBLESHOOTING.md", "labs/README.md"]
+DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
+             "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 # What each steps-section run is, for a reader: the step and the command's difference.
@@ -57,8 +57,9 @@ RUN_NAMES = {
 }
 
 
-def load(path: Path) -> dict:
-    return json.loads(path.read_text())
+def load(path: Path) -> dict | Path:
+    """A results.json, read; a folder (a study of several runs, each with its own results.json) as it is."""
+    return json.loads(path.read_text()) if path.is_file() else path
 
 
 def runs(results: dict, section: str) -> list:
@@ -108,16 +109,23 @@ def steps_table(results: dict) -> list:
     return lines + ["", f"Measured on {measured_on(results)}."]
 
 
+def startup_phases(run: Run) -> list:
+    """Launch to first step, phase by phase, and the whole: from the benchmark's clock (imports) and the script's own
+    timestamps (summary["startup_s"]: when the launcher's part, data loading and model building ended)."""
+    t = run.summary["startup_s"]
+    return [run.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
+            run.summary["time_to_first_step_s"] - t["model"], run.launch_to_first_step_s]
+
+
+def startup_rows(runs: list, label) -> list:
+    return ["| run | imports | launcher: process group, or Ray and its workers | data | model | first step | total |",
+            "|---|---|---|---|---|---|---|"] + [f"| {label(r)} | " + " | ".join(f"{p:.1f}" for p in startup_phases(r))
+                                               + " |" for r in runs if r.status == "ok"]
+
+
 def startup_table(results: dict) -> list:
-    """Launch to first step, phase by phase."""
-    lines = ["| run | imports | launcher: process group, or Ray and its workers | data | model | first step | "
-             "total |", "|---|---|---|---|---|---|---|"]
-    for r in ok_runs(results, "steps").values():
-        t = r.summary["startup_s"]
-        phases = [r.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
-                  r.summary["time_to_first_step_s"] - t["model"], r.launch_to_first_step_s]
-        lines.append(f"| {RUN_NAMES.get(r.name, r.name)} | " + " | ".join(f"{p:.1f}" for p in phases) + " |")
-    return lines + ["", f"Seconds. Measured on {measured_on(results)}."]
+    rows = startup_rows(ok_runs(results, "steps").values(), lambda r: RUN_NAMES.get(r.name, r.name))
+    return rows + ["", f"Seconds. Measured on {measured_on(results)}."]
 
 
 def memory_table(results: dict) -> list:
@@ -200,8 +208,6 @@ FAULTS = {"ddp": "`torchrun --max-restarts N` restarts every rank on the same no
                      "kept by name in checkpoint storage (tested)",
           "ray_fsdp": "restarts from the last checkpoint (tested)",
           "ray_fsdp2": "restarts, and resumes on another number of workers (tested)"}
-PREVIOUS = {"ddp": "01-vanilla-pytorch-ddp/train_single_machine.py", "ray_ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
-            "ray_fsdp": "02-ray-train-ddp/train_ray_ddp.py", "ray_fsdp2": "02-ray-train-ddp/train_ray_ddp.py"}
 
 
 def changed_lines(old: str, new: str) -> int:
@@ -219,8 +225,9 @@ def comparison_table(results: dict) -> list:
         lines.append(f"| {label} | " + " | ".join(cell(name, script) for name, _, script in COMPARED) + " |")
 
     row("lines in the script", lambda name, script: str(len((ROOT / script).read_text().splitlines())))
-    row("lines changed from the step before (`diff -u`)", lambda name, script: str(changed_lines(PREVIOUS[name],
-                                                                                                  script)))
+    previous = designed_pairs()  # the step before each script
+    row("lines changed from the step before (`diff -u`)",
+        lambda name, script: str(changed_lines(previous[script], script)))
     row("what you write by hand", lambda name, script: BY_HAND[name])
     row("fault tolerance", lambda name, script: FAULTS[name])
 
@@ -276,6 +283,332 @@ def tune_sweep(results: dict) -> list:
         stopped = " (ASHA)" if t["stopped_early"] else ""
         lines.append(f"| `{t['searched']}`{recipe_mark} | {best} | {t['epochs_run']}{stopped} |")
     return lines + ["", f"{results['cluster']}; {results['wall_time_s']:.0f} s in all."]
+
+
+def ray_vs_torchrun_epochs(folder: Path) -> list:
+    """Six runs of the steps table's two DDP rows (and Ray's default poll in the last three), a folder each."""
+    lines = ["| run, in order | epochs | torchrun DDP img/s | Ray DDP img/s | Ray / torchrun |"
+             " Ray DDP, 2 s poll, img/s | 2 s poll / torchrun |", "|---|---|---|---|---|---|---|"]
+    for run in sorted(p for p in folder.iterdir() if (p / "results.json").is_file()):
+        results = load(run / "results.json")
+        speed = {r.name: steady_images_per_s(r.summary) for r in ok_runs(results, "steps").values()}
+        ddp, ray, poll = speed["ddp"], speed["ray_ddp"], speed.get("ray_ddp_poll_2s")
+        lines.append(f"| `{run.name}/` | {ok_runs(results, 'steps')['ddp'].summary['epochs']} | {ddp:.1f} | "
+                     f"{ray:.1f} | {ray / ddp:.3f} | " + (f"{poll:.1f} | {poll / ddp:.3f} |" if poll else "| |"))
+    return lines
+
+
+NICENESS_RUNS = [("torchrun_ddp", "torchrun DDP", "n/a"), ("ray_ddp", "Ray DDP", "15 (Ray's default)"),
+                 ("ray_ddp_nice0", "Ray DDP", "0"), ("ray_ddp_2", "Ray DDP", "15 (Ray's default)"),
+                 ("ray_ddp_nice0_2", "Ray DDP", "0"), ("ray_ddp_3", "Ray DDP", "15 (Ray's default)"),
+                 ("ray_ddp_nice0_3", "Ray DDP", "0"), ("torchrun_ddp_2", "torchrun DDP", "n/a")]
+
+
+def cpu_share_niceness(folder: Path) -> list:
+    """CPU-share runs of torchrun DDP and Ray DDP at Ray's worker niceness and at 0, in order."""
+    lines = ["| run, in order | launcher | workers' nice | optimizer steps/s | training threads (cores) |"
+             " kernel took a training thread's core (per s) | other processes (cores) |",
+             "|---|---|---|---|---|---|---|"]
+    for run, launcher, nice in NICENESS_RUNS:
+        r = load(folder / run / "results.json")
+        threads = [p["training_thread"] for p in r["training_processes"]]
+        taken = ", ".join(f"{t['involuntary_switches_per_s']:.0f}" for t in threads)
+        lines.append(f"| `{run}/` | {launcher} | {nice} | {r['steps_per_s']:.3f} | "
+                     f"{sum(t['cores'] for t in threads):.3f} | {taken} | "
+                     f"{sum(p['cores'] for p in r['other_processes']):.3f} |")
+    return lines
+
+
+def suite_time_cores(folder: Path) -> list:
+    """The cores a test-suite run kept busy, from its .proc-stat file: a line a second, the time, then /proc/stat's
+    first line (USER_HZ ticks)."""
+    lines = ["| readings | seconds | core-seconds busy | cores busy on average |", "|---|---|---|---|"]
+    for path in sorted(folder.glob("*.proc-stat")):
+        rows = [line.split() for line in path.read_text().splitlines()]
+        busy = [sum(map(int, row[2:12])) - int(row[5]) - int(row[6]) for row in rows]  # all but idle and iowait
+        seconds, core_seconds = float(rows[-1][0]) - float(rows[0][0]), (busy[-1] - busy[0]) / 100
+        lines.append(f"| `{path.name}` | {seconds:.0f} | {core_seconds:.0f} | {core_seconds / seconds:.2f} |")
+    return lines
+
+
+
+# --- compare_steps.py's results.md and plots -------------------------------------------------------------------
+
+
+def made_by_runs(results: dict) -> dict:
+    """(command, date, commit) -> the names of the runs it made: one entry, unless --update added runs."""
+    made = {}
+    for r in results.get("runs", []):
+        m = r.get("made_by") or results
+        made.setdefault((m["command"], m["date"], m.get("commit")), []).append(r["name"])
+    return made
+
+
+def write_report(results: dict, out: Path) -> list:
+    """compare_steps.py's results.md and plots in out, from its results.json; returns the plots."""
+    (out / "results.md").write_text(steps_results_markdown(results))
+    return write_plots([Run(**r) for r in results["runs"]], out)
+
+
+def steps_results_markdown(results: dict) -> str:
+    runs = [Run(**r) for r in results["runs"]]
+    steps = [r for r in runs if r.section == "steps"]
+    memory = [r for r in runs if r.section == "memory"]
+    inference = [r for r in runs if r.section == "inference"]
+    recipe = [r for r in runs if r.section == "recipe"]
+    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
+    made = made_by_runs(results)
+    for (command, date, commit), names in made.items():
+        code = f", code: commit {commit}" if commit else ""
+        which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
+        lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
+    if steps:
+        ok = [r for r in steps if r.status == "ok"]
+        if ok:
+            s = ok[0].summary
+            lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
+                      f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
+        lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
+                  "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
+        for r in steps:
+            if r.status != "ok":
+                lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
+                continue
+            s = r.summary
+            lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
+                         f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
+                         f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
+        lines += ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s")) + figures(steps)
+    if memory:
+        lines += memory_markdown(memory)
+    if inference:
+        lines += ["## Batch inference (step 06)", ""] + inference_table(inference) + [""]
+    tune = [r for r in runs if r.section == "tune" and r.status == "ok"]
+    if tune:
+        s = tune[0].summary
+        lines += ["## Step 05 as in class", "", f"{len(s['trials'])} trials in {tune[0].wall_s:.0f} s from launch; "
+                  f"best validation accuracy {s['best']['best_accuracy']:.2%}.", ""]
+    if recipe:
+        lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def inference_table(runs: list) -> list:
+    """Step 06's whole Ray Data run (actors starting, reading, classifying each image and its mirror image,
+    writing Parquet), per number of actors."""
+    lines = ["| actors | images | seconds | images/s | accuracy |", "|---|---|---|---|---|"]
+    for r in runs:
+        if r.status != "ok":
+            lines.append(f"| {r.workers} | {r.status}: {r.skipped or r.error} | | | |")
+            continue
+        s = r.summary
+        lines.append(f"| {s['actors']} | {s['images']:,} | {s['seconds']:.1f} | {s['images_per_s']:,.0f} | "
+                     f"{s['accuracy']:.2%} |")
+    return lines
+
+
+def recipe_table(runs: list) -> list:
+    """Each seed's run: its test accuracy epoch by epoch's end, and on the exact test images if scored."""
+    exact = {r.name.removesuffix("_exact"): r.summary for r in runs if r.step == "inference" and r.status == "ok"}
+    lines = ["| run | model | epochs | train loss | test accuracy | on the first test images alone |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        if r.step == "inference":
+            continue
+        if r.status != "ok":
+            lines.append(f"| {r.name} | {r.status}: {r.skipped or r.error} | | | | |")
+            continue
+        s, e = r.summary, exact.get(r.name)
+        alone = f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
+        lines.append(f"| {r.name} | {s['model']} | {s['epochs']} | {s['train_loss']:.4f} | "
+                     f"**{s['test_accuracy']:.2%}** | {alone} |")
+    return lines
+
+
+TIMING_NOTE = (
+    "img/s counts the training loop only (batches from in-memory uint8 tensors, augmentation on the device, "
+    "forward, backward, optimizer step), averaged over the epochs after the first when there are several. "
+    "Evaluation and checkpointing are not in img/s; they are in wall time. Launch to first step runs from "
+    "the benchmark starting the command to the end of the first optimizer step: Python imports, Ray start-up, "
+    "worker start, data loading and model construction included.")
+
+
+def startup_markdown(steps: list, ray_start_s: float | None) -> list:
+    lines = ["## Launch to first step, phase by phase (s)", ""] + startup_rows(steps, lambda r: r.name)
+    if ray_start_s is not None:
+        lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`ray.init`, measured alone, imports "
+                      f"excluded) took {ray_start_s:.1f} s; the rest is Ray Train starting its controller and "
+                      f"worker processes, which import torch, and setting up the process group."]
+    return lines + [""]
+
+
+def figures(steps: list) -> list:
+    by_name = {r.name: r for r in steps if r.status == "ok"}
+    lines = ["Comparisons (ratios of the runs above):", ""]
+    if "ray_ddp" in by_name and "ddp" in by_name:
+        ray, ddp = by_name["ray_ddp"], by_name["ddp"]
+        lines.append(f"- Ray overhead: Ray DDP / torchrun DDP throughput = "
+                     f"{steady_images_per_s(ray.summary) / steady_images_per_s(ddp.summary):.3f} "
+                     f"({ray.workers} workers each); launch to first step {ray.launch_to_first_step_s:.1f} s "
+                     f"with Ray vs {ddp.launch_to_first_step_s:.1f} s with torchrun.")
+    for one, many in [("single_machine", "ddp"), ("ray_ddp_1_worker", "ray_ddp")]:
+        if one in by_name and many in by_name:
+            a, b = by_name[one], by_name[many]
+            lines.append(f"- Scaling: {b.name} with {b.workers} processes / {a.name} with 1 = "
+                         f"{steady_images_per_s(b.summary) / steady_images_per_s(a.summary):.2f}x throughput.")
+    if "ray_ddp" in by_name and "ray_ddp_poll_2s" in by_name:
+        fast, slow = by_name["ray_ddp"], by_name["ray_ddp_poll_2s"]
+        lines.append(f"- Controller poll every 0.2 s (the steps' default) vs Ray's default 2 s: "
+                     f"{steady_images_per_s(fast.summary):,.0f} vs {steady_images_per_s(slow.summary):,.0f} img/s, "
+                     f"wall time {fast.summary['wall_time_s']:.0f} vs {slow.summary['wall_time_s']:.0f} s.")
+    if "ray_fsdp" in by_name and "ray_fsdp2" in by_name:
+        one, two = by_name["ray_fsdp"].summary, by_name["ray_fsdp2"].summary
+        state = [sum(s["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb")) for s in (one, two)]
+        lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {steady_images_per_s(one):,.0f} vs "
+                     f"{steady_images_per_s(two):,.0f} img/s; state on rank 0 {state[0]:,.2f} vs {state[1]:,.2f} MB; "
+                     f"peak memory per rank {max(one['peak_memory_mb']):,.0f} vs {max(two['peak_memory_mb']):,.0f} MB; "
+                     f"test accuracy {one['test_accuracy']:.2%} vs {two['test_accuracy']:.2%}.")
+    if "ray_ddp" in by_name:
+        s = by_name["ray_ddp"].summary
+        n, grads = s["world_size"], s["memory_per_rank"][0]["grads_mb"]
+        step_ms = 1000 * s["global_batch_size"] / steady_images_per_s(s)
+        lines.append(f"- Communication: DDP all-reduces {grads:,.1f} MB of gradients per step; a ring all-reduce "
+                     f"sends and receives 2(N-1)/N of that per rank, {2 * (n - 1) / n * grads:,.1f} MB at N={n}, "
+                     f"against {step_ms:,.0f} ms of compute per step here. Per step, this volume stays the same "
+                     f"as N grows (it tends to 2x the gradients) while each rank's compute shrinks as 1/N of the "
+                     f"global batch: the network, not the processors, sets the limit to scaling.")
+    return lines + [""] if len(lines) > 2 else []  # no heading over an empty list (a single run compares nothing)
+
+
+def memory_markdown(memory: list) -> list:
+    ok = [r for r in memory if r.status == "ok"]
+    title = f"model {ok[0].summary['model']} ({ok[0].summary['params']:,} parameters)" if ok else ""
+    lines = [f"## Memory per rank: {title}", "",
+             "Parameters, gradients and optimizer state are exact: the bytes of the tensors each rank holds (its "
+             "shard under FSDP2). Peak is the process's peak resident memory on CPU, or peak allocated GPU memory. "
+             f"One training step with a global batch of {ok[0].summary['global_batch_size'] if ok else '?'} images, "
+             "synthetic data.", "",
+             "| strategy | workers | CPU offload | parameters (MB) | gradients (MB) | optimizer (MB) | "
+             "total state (GiB) | peak (GiB) |", "|---|---|---|---|---|---|---|---|"]
+    for r in memory:
+        strategy = {"ray_ddp": "DDP (step 02)", "ray_fsdp": "FSDP1 (step 03)", "ray_fsdp2": "FSDP2 (step 04)"}[r.step]
+        offload = "yes" if "--cpu-offload" in r.flags else "no"
+        if r.status != "ok":
+            lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")
+            continue
+        m = r.summary["memory_per_rank"][0]
+        total = (m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]) / 1024
+        lines.append(f"| {strategy} | {r.workers} | {offload} | {m['params_mb']:,.0f} | {m['grads_mb']:,.0f} | "
+                     f"{m['optimizer_mb']:,.0f} | {total:,.2f} | {max(r.summary['peak_memory_mb']) / 1024:,.1f} |")
+    return lines + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."]
+
+
+def write_plots(runs: list, out: Path) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    steps = [r for r in runs if r.section == "steps" and r.status == "ok"]
+    if steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in steps:
+            history = r.summary["history"]
+            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=r.name)
+        ax.set(xlabel="epoch", ylabel="test accuracy", title=f"Test accuracy per epoch ({steps[0].summary['model']})")
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / "accuracy.png"))
+        fig, ax = plt.subplots(figsize=(7, 4))
+        speeds = [steady_images_per_s(r.summary) for r in steps]
+        ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
+        for y, v in enumerate(speeds):
+            ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+        ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
+        ax.invert_yaxis()
+        written.append(save(fig, out / "throughput.png"))
+    recipe = [r for r in runs if r.section == "recipe" and r.step != "inference" and r.status == "ok"]
+    if recipe:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in recipe:
+            history = r.summary["history"]
+            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o",
+                    label=f"{r.name} ({r.summary['model']})")
+        ax.set(xlabel="epoch", ylabel="test accuracy", title="The recipe, epoch by epoch")
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / "recipe_accuracy.png"))
+    memory = [r for r in runs if r.section == "memory" and r.status == "ok"]
+    if memory:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [r.name.removeprefix("memory_") for r in memory]
+        bottom = [0.0] * len(memory)
+        for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
+            values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
+            ax.bar(labels, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.legend()
+        written.append(save(fig, out / "memory.png"))
+    return written
+
+
+def save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# --- ray_overhead.py's results.md, one function per tool ---------------------------------------------------------
+
+
+def cpu_share_markdown(report: dict) -> str:
+    lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
+             f"{report['window_s']:.0f} s window, {report['cpus']} cores; the machine was busy "
+             f"{report['machine_busy_cores']:.3f} cores on average; rank 0 made {report['steps_per_s']:.3f} optimizer "
+             f"steps per second.", "",
+             "| process | cores | its threads (cores) |", "|---|---|---|"]
+    for p in report["training_processes"]:
+        threads = ", ".join(f"{t} {c:.3f}" for t, c in p["threads"].items())
+        lines.append(f"| {p['pid']} `{p['name'][:60]}` | {p['cores']:.3f} | {threads} |")
+    others = sum(p["cores"] for p in report["other_processes"])
+    lines.append(f"| every other process ({len(report['other_processes'])} over 0.002) | {others:.3f} | |")
+    lines += ["", "| training process | its training thread (cores) | the kernel took its core (per s) "
+              "| it gave its core up (per s) |", "|---|---|---|---|"]
+    lines += [f"| {p['pid']} | {t['cores']:.3f} | {t['involuntary_switches_per_s']:.1f} | "
+              f"{t['voluntary_switches_per_s']:.1f} |" for p in report["training_processes"]
+              for t in [p["training_thread"]]]
+    lines += ["", "| other process | cores |", "|---|---|"]
+    lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
+    return "\n".join(lines) + "\n"
+
+
+def fit_processes_markdown(report: dict) -> str:
+    fits = report["fits"]
+    lines = [f"`python benchmarks/{report['command']}`", "", f"Machine: {report['machine']}", "",
+             "A two-node Ray cluster on this machine (1 CPU per node), a driver already connected; each fit a "
+             f"TorchTrainer with 2 CPU workers and one metric-only report, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="
+             f"{report['poll_interval_s']}.", "",
+             "| fit | wall time (s) | CPU time of every other process (s) | processes started for it |",
+             "|---|---|---|---|"]
+    lines += [f"| {i} | {f['wall_s']} | {f['cpu_s']} | {f['new_processes']} |" for i, f in enumerate(fits, 1)]
+    lines += ["", f"Fit {len(fits)}, process by process (0.05 s of CPU or more):", "",
+              "| process | started for this fit | CPU time (s) |", "|---|---|---|"]
+    lines += [f"| {p['role']} | {'yes' if p['new'] else 'no'} | {p['cpu_s']} |" for p in fits[-1]["processes"]]
+    return "\n".join(lines) + "\n"
+
+
+def report_latency_markdown(report: dict) -> str:
+    reports = report["reports"]
+    lines = [f"`python benchmarks/{report['command']}`", "",
+             f"Machine: {report['machine']}; Ray {report['ray']}; {report['date']}", "",
+             f"2 CPU workers, {reports} reports each ({reports - 1} metric-only, timed on rank 0, "
+             "then one with a checkpoint); a fresh local Ray per row.", "",
+             "| RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | metric-only reports (s) | per report (s) | whole fit (s) |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['interval_s']} | {r['metric_only_reports_s']:.1f} | {r['per_report_s']:.2f} | {r['fit_s']:.1f} |"
+              for r in report["rows"]]
+    return "\n".join(lines) + "\n"
 
 
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
@@ -457,22 +790,30 @@ def rehearsal_table(results: dict) -> list:
                         f"{', '.join(map(str, after))} after."]
 
 
-DIFF_PAIRS = [("01 one process → torchrun DDP", "01-vanilla-pytorch-ddp/train_single_machine.py",
-               "01-vanilla-pytorch-ddp/train_ddp.py"),
-              ("01 torchrun DDP → 02 Ray Train DDP", "01-vanilla-pytorch-ddp/train_ddp.py",
-               "02-ray-train-ddp/train_ray_ddp.py"),
-              ("02 DataLoader → Ray Data", "02-ray-train-ddp/train_ray_ddp.py",
-               "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"),
-              ("02 DDP → 03 FSDP1", "02-ray-train-ddp/train_ray_ddp.py", "03-ray-train-fsdp/train_ray_fsdp.py"),
-              ("02 DDP → 04 FSDP2", "02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py"),
-              ("02 → 02 with MLflow tracking", "02-ray-train-ddp/train_ray_ddp.py",
-               "02-ray-train-ddp/train_ray_ddp_with_mlflow.py")]
+# Each designed pair's lesson, by its newer script, in the slide's order; the pairs themselves are tests/test_diffs.py's
+# DESIGNED_PAIRS, which bounds each diff.
+LESSONS = {"01-vanilla-pytorch-ddp/train_ddp.py": "01 one process → torchrun DDP",
+           "02-ray-train-ddp/train_ray_ddp.py": "01 torchrun DDP → 02 Ray Train DDP",
+           "02-ray-train-ddp/train_ray_ddp_with_ray_data.py": "02 DataLoader → Ray Data",
+           "03-ray-train-fsdp/train_ray_fsdp.py": "02 DDP → 03 FSDP1",
+           "04-ray-train-fsdp2/train_ray_fsdp2.py": "02 DDP → 04 FSDP2",
+           "02-ray-train-ddp/train_ray_ddp_with_mlflow.py": "02 → 02 with MLflow tracking"}
+
+
+def designed_pairs() -> dict:
+    """tests/test_diffs.py's DESIGNED_PAIRS as {newer script: older script}, read without importing the tests."""
+    tree = ast.parse((ROOT / "tests" / "test_diffs.py").read_text())
+    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and any(getattr(target, "id", None) == "DESIGNED_PAIRS" for target in node.targets)]
+    return {new: old for old, new, *_ in ast.literal_eval(value)}
 
 
 def diffs_slide(results: dict) -> list:
     """The designed diffs and their size, counted in the scripts now (the results are not read)."""
+    pairs = designed_pairs()
     lines = ["| the lesson | lines changed |", "|---|---|"]
-    for lesson, old, new in DIFF_PAIRS:
+    for new, lesson in LESSONS.items():
+        old = pairs[new]
         exists = (ROOT / old).is_file() and (ROOT / new).is_file()
         lines.append(f"| {lesson} | {changed_lines(old, new) if exists else 'not written yet'} |")
     return lines
@@ -518,6 +859,9 @@ TABLES = {
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
+    "ray-vs-torchrun-epochs": (PUBLISHED / "ray-vs-torchrun-epochs", ray_vs_torchrun_epochs),
+    "cpu-share-niceness": (PUBLISHED / "cpu-share-niceness", cpu_share_niceness),
+    "suite-time-cores": (PUBLISHED / "suite-time", suite_time_cores),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01",)), ("02", ("02", "02-hang")), ("04", ("04", "04-accumulate")), ("05", ("05",)),
         ("06", ("06",))]},
@@ -527,7 +871,7 @@ TABLES = {
 def render(name: str) -> str:
     """The table, or, until its results.json is published, a line that says so."""
     path, table = TABLES[name]
-    if not path.is_file():
+    if not path.exists():
         return (f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in "
                 f"benchmarks/README.md, section Maintainers.\n")
     return "\n".join(table(load(path))) + "\n"

@@ -46,18 +46,18 @@ def test_benchmark_writes_table_and_plots(tmp_path):
 def test_the_memory_section_shows_each_ranks_state_from_a_memory_run(tmp_path):
     """A memory run as compare_steps records it (FSDP1 on 2 workers; rank 0 holds half of tiny's 4 MB, rounded up),
     and one that could not fit: the table's rows and the stacked-bar plot."""
-    compare_steps = load_script("benchmarks/compare_steps.py")
+    compare_steps, tables = load_script("benchmarks/compare_steps.py"), load_script("benchmarks/tables.py")
     memory = [dict(params_mb=2.0, grads_mb=2.0, optimizer_mb=4.0, peak_mb=900.0),
               dict(params_mb=1.9, grads_mb=1.9, optimizer_mb=3.8, peak_mb=880.0)]
     summary = dict(model="tiny", params=1_000_000, global_batch_size=32, memory_per_rank=memory,
                    peak_memory_mb=[900.0, 880.0])
     runs = [compare_steps.Run("memory_fsdp1_n2", "memory", "ray_fsdp", 2, status="ok", summary=summary),
             compare_steps.Run("memory_ddp_n2", "memory", "ray_ddp", 2, skipped="does not fit", status="skipped")]
-    lines = compare_steps.memory_markdown(runs)
+    lines = tables.memory_markdown(runs)
     assert lines[0] == "## Memory per rank: model tiny (1,000,000 parameters)"
     assert "| FSDP1 (step 03) | 2 | no | 2 | 2 | 4 | 0.01 | 0.9 |" in lines
     assert "| DDP (step 02) | 2 | no | skipped: does not fit | | | | |" in lines
-    [plot] = compare_steps.write_plots(runs, tmp_path)
+    [plot] = tables.write_plots(runs, tmp_path)
     assert plot.name == "memory.png" and plot.read_bytes().startswith(PNG_SIGNATURE)
 
 
@@ -100,8 +100,8 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
                 "    busy_until = time.time() + 0.05\n"
                 "    while time.time() < busy_until:\n"
                 "        pass\n")
-    result = python("benchmarks/cpu_share.py", "--after", "1", "--seconds", "2", "--out", str(tmp_path), "--",
-                    sys.executable, "-c", stand_in, timeout=25, preexec_fn=ignore_ctrl_c)
+    result = python("benchmarks/ray_overhead.py", "cpu-share", "--after", "1", "--seconds", "2", "--out",
+                    str(tmp_path), "--", sys.executable, "-c", stand_in, timeout=25, preexec_fn=ignore_ctrl_c)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     # The stand-in used over half a core (as may anything else on the machine: cpu_share sees every process).
@@ -124,13 +124,13 @@ def test_cpu_share_finds_the_busy_process_and_reads_the_steps_off_its_progress_b
 def test_cpu_share_counts_each_threads_cores_and_switches_in_the_window():
     """summarize() on hand-made /proc readings (100 ticks a second): a thread born in the window counts from zero,
     the busiest thread of a process is its training thread, and a process under half a core is not training."""
-    cpu_share = load_script("benchmarks/cpu_share.py")
-    ticks = cpu_share.TICKS
+    ray_overhead = load_script("benchmarks/ray_overhead.py")
+    ticks = ray_overhead.TICKS
     before = {("10", "10"): ("train", "python", 0, 5, 7), ("10", "11"): ("train", "omp", 0, 0, 0),
               ("20", "20"): ("idle", "python", 0, 0, 0)}
     after = {("10", "10"): ("train", "python", 3 * ticks, 25, 207), ("10", "11"): ("train", "omp", ticks, 2, 4),
              ("10", "12"): ("train", "new", ticks // 2, 1, 1), ("20", "20"): ("idle", "python", ticks // 10, 2, 0)}
-    report = cpu_share.summarize(before, after, machine_busy=5 * ticks, steps=40, seconds=4.0, command=["x"])
+    report = ray_overhead.summarize(before, after, machine_busy=5 * ticks, steps=40, seconds=4.0, command=["x"])
     [training] = report["training_processes"]
     assert training["pid"] == 10 and training["cores"] == pytest.approx(4.5 / 4)
     assert training["training_thread"] == dict(cores=0.75, voluntary_switches_per_s=5.0,
@@ -141,7 +141,7 @@ def test_cpu_share_counts_each_threads_cores_and_switches_in_the_window():
 
 
 def test_ray_fit_processes_names_each_process_by_the_actor_it_ran():
-    role = load_script("benchmarks/ray_fit_processes.py").role
+    role = load_script("benchmarks/ray_overhead.py").role
     assert role(["/venv/bin/python", "ray::IDLE", "ray::TrainController.__init__", "ray::TrainController.run"]) == (
         "TrainController")
     assert role(["/venv/bin/python", "ray::IDLE"]) == "idle worker"
@@ -168,9 +168,8 @@ def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_p
 
 
 def test_a_single_run_gets_no_comparisons_heading():
-    compare_steps = load_script("benchmarks/compare_steps.py")
     results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
-    table = compare_steps.results_markdown(results)
+    table = load_script("benchmarks/tables.py").steps_results_markdown(results)
     assert "| single_machine | 1 | 42.85% |" in table and "Comparisons" not in table
 
 
@@ -197,7 +196,7 @@ def test_update_redoes_the_runs_it_names_keeps_the_rest_and_the_table_says_which
     assert tables.measured_on(merged) == ("a machine; recipe_seed0: 2026-11-26, commit aaaaaaa; "
                                           "recipe_seed1, recipe_seed2: 2026-11-26, commit bbbbbbb")
     assert ("`python benchmarks/--recipe-seeds 0 1` (2026-11-26, code: commit aaaaaaa; runs: recipe_seed0, "
-            "recipe_seed0_exact)") in compare_steps.results_markdown(merged)
+            "recipe_seed0_exact)") in tables.steps_results_markdown(merged)
 
 
 @pytest.mark.parametrize("published, refusal", [

@@ -1,6 +1,6 @@
 """Step 02's tracked variant (02-ray-train-ddp/train_ray_ddp_with_mlflow.py): one MLflow run per Ray run, across a
 worker-group restart and --resume, every epoch logged once with the values of the run's history, the flags as
-parameters, the final model as an artifact; and MLflow's UI showing the run (benchmarks/tracking_ui.py)."""
+parameters, the final model as an artifact; and MLflow's UI showing the run (tests/tracking_ui.py)."""
 import shutil
 import sys
 import tempfile
@@ -46,7 +46,7 @@ def tracked_runs(folder: Path, lane) -> dict:
         storage)))
     shown = None  # MLflow's UI, where there is a browser to show it
     if CHROMIUM:
-        shown = lane.run([sys.executable, str(ROOT / "benchmarks/tracking_ui.py"), "--tracking-uri", store, "--run",
+        shown = lane.run([sys.executable, str(ROOT / "tests/tracking_ui.py"), "--tracking-uri", store, "--run",
                           tracked["ray_run"], "--out", str(ui), "--chromium", CHROMIUM], timeout=540)
     return dict(tracked=tracked, resume=resume, ui=(shown, ui))
 
@@ -188,7 +188,7 @@ def test_resume_continues_the_same_tracker_run(early_run):
 @pytest.mark.early(run=tracked_runs)
 def test_mlflow_ui_shows_the_run(early_run):
     """`mlflow ui` on the store, in headless Chromium: the run's name, every parameter, the last test accuracy, and
-    the test accuracy chart with a point per epoch (benchmarks/tracking_ui.py checks them), and a screenshot."""
+    the test accuracy chart with a point per epoch (tests/tracking_ui.py checks them), and a screenshot."""
     result, out = early_run["ui"]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert (out / "screenshot.png").read_bytes().startswith(b"\x89PNG")

@@ -1,6 +1,6 @@
 """MLflow's UI on a tracked run of step 02, opened as a user opens it, checked, and photographed.
 
-    python benchmarks/tracking_ui.py --out results/tracking-ui
+    python tests/tracking_ui.py --out results/tracking-ui
 
 Makes a tracked run (02-ray-train-ddp/train_ray_ddp_with_mlflow.py: 3 epochs of 20 steps of `tiny` on synthetic
 data, 2 workers, into a temporary store), or takes one: --tracking-uri URI, and --run RAY_RUN_NAME (default: the
