@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from common.meter import HEADLINE
 from conftest import ROOT, load_script, parse_only
 
 DOCUMENTS = sorted({p for pattern in ("README.md", "0*/README.md", "TROUBLESHOOTING.md", "tests/README.md",
@@ -379,8 +380,11 @@ def printed_patterns(path: Path) -> list[re.Pattern]:
 
 
 def summary_keys(path: Path) -> list[str]:
-    """The keys of the JSON summary a script prints: the keywords of its dict(step=...) calls, in order; those of
-    common/ where the script builds none itself (a summary that common/ builds for every step)."""
+    """The keys of the JSON line a script prints last: common.meter's headline for steps 01-04 (print_run_summary),
+    else the keywords of the script's dict(step=...) calls, in order."""
+    if "print_run_summary(" in path.read_text():
+        return [*HEADLINE, "summary"]
+
     def keys_in(source: Path) -> list[str]:
         keys = []
         for node in ast.walk(ast.parse(source.read_text())):
@@ -431,6 +435,7 @@ def test_the_output_check_tells_a_changed_format_apart():
     assert line_problem(epoch.replace("train loss", "loss"), patterns, keys)
     assert line_problem('{"step": "ddp", "world_size": 2, ...}', patterns, keys) is None
     assert line_problem('{"world_size": 2, "step": "ddp"}', patterns, keys)
+    assert line_problem('{"step": "ddp", "world_size": 2, "device": "cpu", ...}', patterns, keys)  # the summary's
     assert line_problem("memory per rank (MB) | parameters | gradients | optimizer state | peak", patterns, keys) \
         is None
     assert line_problem("epoch 1: 100%|████| 390/390 [04:29<00:00, 1.45it/s]", patterns, keys) is None
