@@ -55,7 +55,8 @@ def inspect_run(path: Path) -> Path:
     # metrics reported with it. Every epoch's metrics are in the summary.json these steps keep
     # in the run's folder.
     kept = result.metrics_dataframe["epoch"]
-    history = pd.DataFrame(json.loads((path / "summary.json").read_text())["history"])
+    summary = json.loads((path / "summary.json").read_text())
+    history = pd.DataFrame(summary["history"])
     history["checkpoint kept"] = history["epoch"].isin(kept)
     best = result.get_best_checkpoint("test_accuracy", mode="max")
     print(f"run {result.path}:\n{history.to_string(index=False, float_format='{:.4f}'.format)}")
