@@ -12,11 +12,13 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 from tqdm import tqdm
 
-from common import build_model, count_params, load_data, make_parser
-from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, peak_memory_mb, this_node
-from common import crash_one_rank, load_checkpoint, save_checkpoint
+from common.data import augment_batch, load_data
+from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
+from common.model import build_model, count_params
+from common.training import crash_one_rank, epoch_line, evaluate, gather_from_ranks, load_checkpoint
+from common.training import make_optimizer, make_scheduler, peak_memory_mb, save_checkpoint
+from common.training import this_node
 
 STEP = "single_machine"
 

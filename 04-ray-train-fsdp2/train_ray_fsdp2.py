@@ -27,14 +27,15 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.utils.data import DataLoader, DistributedSampler
 
 import common
-from common import build_model, count_params, load_data, make_parser
-from common import augment_batch, evaluate, make_optimizer, make_scheduler
-from common import epoch_line, gather_from_ranks, peak_memory_mb, save_full_model, this_node
-from common.flags import add_fsdp2_flags
-from common.model import TRANSFORMER_BLOCK
+from common.data import augment_batch, load_data
+from common.flags import add_fsdp2_flags, make_parser
 from common.meter import RunMeter, print_run_summary
-from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.ray_setup import crash_one_worker, print_best, progress_bar, run_folder, run_name
+from common.model import TRANSFORMER_BLOCK, build_model, count_params
+from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu
+from common.ray_setup import crash_one_worker, init_options, print_best, progress_bar, run_folder
+from common.ray_setup import run_name
+from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
+from common.training import peak_memory_mb, save_full_model, this_node
 from common.ray_setup import RESIZE_CHECK_INTERVAL_S  # elastic: how often Ray looks for workers
 
 STEP = "ray_fsdp2"

@@ -25,15 +25,15 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import BasicVariantGenerator
 
 import common
-from common import load_data, make_parser
+from common.data import load_data
 from common.errors import fail
-from common.flags import REPOSITORY
+from common.flags import REPOSITORY, make_parser
 from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
 from common.ray_setup import run_name
 # What the sweep needs beyond the lesson: a workaround, its console lines, its table and plot.
 from common.sweep import FreeStoppedTrialsWorkers, PrintTrialProgress, check_sweep_flags
-from common.sweep import cluster_description, describe_trial, note_placement_groups
-from common.sweep import noise_command, train_command, write_outputs
+from common.sweep import cluster_description, describe_trial, noise_command, note_placement_groups
+from common.sweep import train_command, write_outputs
 
 STEP = "ray_tune"
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,12 +36,14 @@ import ray.data
 import torch
 
 import common
-from common import build_model, load_data, predict
+from common.data import load_data
 from common.errors import fail
+from common.model import build_model
+from common.training import predict
 # What the step does beyond its lesson: any checkpoint, image files, the report and its plots.
+from common.flags import Parser, REPOSITORY, add_data_flags, check_data_flags, flag_value
 from common.inference import CLASSES, check_a_cpu_is_left_to_read, decode_image, find_checkpoint
 from common.inference import image_files, load_weights, report_evaluation, report_folder
-from common.flags import REPOSITORY, Parser, add_data_flags, check_data_flags, flag_value
 from common.ray_setup import WORKER_SETUP, add_cluster_flags, check_cluster_and_choose_gpu
 from common.ray_setup import init_options
 

@@ -15,7 +15,9 @@ import torch.distributed as dist  # noqa: F401 (yours to use)
 from torch.nn.parallel import DistributedDataParallel  # noqa: F401 (yours to use)
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler  # noqa: F401
 
-from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, make_optimizer
 
 
 def main(args) -> list[dict]:

@@ -25,7 +25,10 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import augment_batch, build_model, load_data, make_optimizer, make_parser
+from common.data import augment_batch, load_data
+from common.flags import make_parser
+from common.model import build_model
+from common.training import make_optimizer
 
 
 def main():

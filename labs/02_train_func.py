@@ -22,8 +22,10 @@ from ray.train import RunConfig, ScalingConfig  # noqa: F401 (yours to use)
 from ray.train.torch import TorchTrainer  # noqa: F401
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import augment_batch, build_model, evaluate, load_data, make_optimizer
-from common import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, make_optimizer
+from common.training import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
 
 
 def fit(args, storage: str, name: str) -> ray.train.Result:

@@ -15,8 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard  # noqa: F401 (yours to use)
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import TRANSFORMER_BLOCK  # noqa: F401 (yours to use)
-from common import augment_batch, build_model, load_data, make_optimizer
+from common.model import TRANSFORMER_BLOCK  # noqa: F401 (yours to use)
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import make_optimizer
 
 
 def shard_model(model, mesh) -> None:

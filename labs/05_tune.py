@@ -22,7 +22,9 @@ from ray.tune.schedulers import ASHAScheduler  # noqa: F401 (yours to use)
 from ray.tune.search import BasicVariantGenerator
 from torch.utils.data import DataLoader
 
-from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, make_optimizer
 
 # TODO 1: search lr from 5e-4 to 6e-3 and weight_decay from 0.01 to 0.3, each on a log scale (the ranges of step 05,
 # around the recipe's 2e-3 and 0.05).

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from common import make_parser
+from common.flags import make_parser
 
 ROOT = Path(__file__).resolve().parents[1]
+COMMON_MODULES = ("common.data", "common.flags", "common.model", "common.training")  # replace_in_common
 # The smoke tests' settings, shorter: the tiny preset learns the synthetic images within a few steps. A seed other
 # than 0, DistributedSampler's default, and a test set that 2 ranks split unevenly (128 and 127 images): neither
 # then hides a sampler that ignores --seed, or accuracies averaged over the ranks instead of counted.
@@ -68,18 +69,18 @@ def lab_args(*flags: str):
 
 def replace_in_common(**functions) -> None:
     """Replaces functions of common/ in the modules that define them, so that a lab's file gets the replacement
-    however it imports them (`from common import evaluate as ev`, `import common`)."""
-    import common
-
+    however it imports them (`from common.training import evaluate as ev`, `import common.training`)."""
     for name, function in functions.items():
-        setattr(sys.modules[getattr(common, name).__module__], name, function)
+        module = next(m for m in map(importlib.import_module, COMMON_MODULES) if hasattr(m, name))
+        setattr(module, name, function)
 
 
 def watch_training(**functions) -> dict:
     """Replaces build_model and make_optimizer in common/ (and any other of its functions given) so that the lab's
     run records its models, its optimizers and, at every optimizer step, each parameter's gradient: this rank's
     shard of a sharded one (a DTensor's local part, its name in "sharded")."""
-    from common import build_model, make_optimizer
+    from common.model import build_model
+    from common.training import make_optimizer
     from torch.distributed.tensor import DTensor
 
     watched = dict(models=[], optimizers=[], gradients=[], sharded=set())

@@ -3,7 +3,9 @@ un-accumulated, written here rather than by the attendee. Its images come in the
 over the ranks (a permutation seeded with seed + epoch): N ranks of batch/N images each must train what it trains."""
 import torch
 
-from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, make_optimizer
 
 
 def train(args, epochs: int) -> dict:

@@ -1,7 +1,7 @@
 """What a Ray lab's check watches in the processes where Ray runs the attendee's code. Ray runs setup_worker first in
 every process of the check's job: it replaces the watched functions in the modules that define them, at the moment
 those modules are imported (torch imported earlier would train with a thread per core), so that the lab's code gets
-them however it imports them (an alias, `import common as c`, a name pickled with its function). Each call is
+them however it imports them (an alias, `import common.data as d`, a name pickled with its function). Each call is
 written as a line of JSON into a file of the check's folder, which read() collects. No torch at this module's top."""
 import hashlib
 import importlib.abc

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import augment_batch, build_model, evaluate, load_data, normalize, peak_memory_mb, predict
+from common.data import augment_batch, load_data, normalize
+from common.model import build_model
+from common.training import evaluate, peak_memory_mb, predict
 from common.data import CROP_PADDING
 from common import data as data_module
 from conftest import load_script, parse_only

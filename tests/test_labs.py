@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
-from common import build_model
+from common.model import build_model
 from labs.check import LABS
 
 from conftest import RAY_DDP, RAY_FSDP2, ROOT, load_script
@@ -248,7 +248,8 @@ WRONG_ANSWERS = {
         WrongAnswer("the ids dropped", [("return dict(batch, predicted=", "return dict(predicted=")],
                     3, "no id and label say which image", "keep its input columns"),
         WrongAnswer("no mirror image", [
-            ("from common import build_model, predict", "from common import build_model, normalize, predict"),
+            ("from common.training import predict",
+             "from common.data import normalize\nfrom common.training import predict"),
             ("predict(self.model, images).max(1)", "self.model(normalize(images)).softmax(1).max(1)")],
                     3, "predictions or probabilities differ from the step script's", "its mirror image"),
         WrongAnswer("the weights never loaded", [("        self.model.load_state_dict(ray.get(weights_ref))\n", "")],
@@ -310,14 +311,15 @@ def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path
 
 
 def imported_otherwise(source: str) -> str:
-    """The file with `import common as shared` in place of `from common import ...`, and its names used through it,
-    so that a check that watched the names the lab imports would see none of the calls."""
-    names = []
-    for line in re.findall(r"^from common import .*$", source, flags=re.MULTILINE):
-        names += [name.strip() for name in line.split("import", 1)[1].split("#")[0].split(",")]
+    """The file with `import common.<module> as shared_<module>` in place of `from common.<module> import ...`, and
+    its names used through it, so that a check that watched the names the lab imports would see none of the calls."""
+    for line, module, names in re.findall(r"^(from common\.(\w+) import (.*))$", source, flags=re.MULTILINE):
         source = source.replace(line + "\n", "", 1)
-    source = re.sub(r"^import torch$", "import torch\n\nimport common as shared", source, count=1, flags=re.MULTILINE)
-    return re.sub(rf"(?<![.\w])({'|'.join(names)})\b", r"shared.\1", source)
+        source = re.sub(r"^import torch$", f"import torch\nimport common.{module} as shared_{module}", source,
+                        count=1, flags=re.MULTILINE)
+        words = [name.strip() for name in names.split("#")[0].split(",")]
+        source = re.sub(rf"(?<![.\w])({'|'.join(words)})\b", rf"shared_{module}.\1", source)
+    return source
 
 
 @pytest.mark.parametrize("lab, wrong", [("02", None), ("01", "no DDP"), ("06", "the model built per batch")])
@@ -331,7 +333,7 @@ def test_a_check_watches_common_however_the_lab_imports_it(request, tmp_path, la
     for old, new in wrong.edits if wrong else []:
         answer = answer.replace(old, new)
     (tmp_path / LABS[lab].file).write_text(imported_otherwise(answer))
-    assert "shared.build_model(" in imported_otherwise(answer) and "from common" not in imported_otherwise(answer)
+    assert "shared_model.build_model(" in imported_otherwise(answer) and "from common" not in imported_otherwise(answer)
     result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
     lines = verdicts(result.stdout)
     if wrong is None:

@@ -2,7 +2,7 @@
 import torch
 from torchvision.models.vision_transformer import VisionTransformer
 
-from common import PRESETS, build_model, count_params
+from common.model import PRESETS, build_model, count_params
 from common.data import CROP_PADDING
 from conftest import SMOKE, final_json, load_script, checkpoint_weights, python
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from common import build_model
+from common.model import build_model
 from conftest import (EVAL_IMAGES, LAST_LINE_MAX, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
                       checkpoint_weights, final_json, finished_sweep, forbid_ray, free_port, python, start)
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common import build_model, count_params
+from common.model import build_model, count_params
 from conftest import (ACCUMULATE, ROUNDING, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
                       collectives_per_step, final_json, checkpoint_weights, profile_summary, resumed_after,
                       torchrun)

@@ -5,7 +5,7 @@ import ray
 import ray.train
 import torch
 
-from common import build_model
+from common.model import build_model
 from conftest import (ACCUMULATE, EPOCH_FIELDS, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary,
                       assert_short_last_line, checkpoint_weights, collectives_per_step, final_json, forbid_ray,
                       latest_ray_checkpoint, profile_summary, reported_metrics, resumed_after, torchrun)

@@ -5,7 +5,8 @@ import pytest
 import ray
 import ray.train
 
-from common import augment_batch, build_model, load_data
+from common.data import augment_batch, load_data
+from common.model import build_model
 from conftest import (SMOKE, assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint,
                       load_script, parse_only)
 

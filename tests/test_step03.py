@@ -3,7 +3,9 @@ so on CPUs the script wraps the model in FullyShardedDataParallel itself, as pre
 import pytest
 import torch
 
-from common import build_model, evaluate, load_data
+from common.data import load_data
+from common.model import build_model
+from common.training import evaluate
 from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_half_the_state_per_rank, assert_same_weights,
                       assert_sane_summary, assert_short_last_line, checkpoint_weights, collectives_per_step, final_json,
                       latest_ray_checkpoint, load_script, profile_summary, ray_script, resumed_after)

@@ -7,7 +7,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from common import TRANSFORMER_BLOCK, build_model, evaluate, load_data, make_optimizer, normalize
+from common.data import load_data, normalize
+from common.model import TRANSFORMER_BLOCK, build_model
+from common.training import evaluate, make_optimizer
 from conftest import (EVAL_IMAGES, ROUNDING, RAY_FSDP2, assert_half_the_state_per_rank, assert_same_weights,
                       assert_sane_summary, checkpoint_weights, collectives_per_step, latest_ray_checkpoint, load_script,
                       profile_summary, ray_checkpoints)

@@ -19,7 +19,7 @@ from ray.train.torch import TorchTrainer
 from ray.tune.error import TuneError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from common import make_parser
+from common.flags import make_parser
 from common.sweep import FreeStoppedTrialsWorkers, noise_command, train_command
 from conftest import LAST_LINE_MAX, ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from common import build_model, evaluate, load_data, predict
+from common.data import load_data
+from common.model import build_model
+from common.training import evaluate, predict
 from common.inference import load_sharded, save_sample_grid
 from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, checkpoint_weights, final_json, forbid_ray,
                       latest_ray_checkpoint, load_script, python, ray_checkpoints)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import build_model
+from common.model import build_model
 from conftest import (ROOT, SMOKE, assert_same_weights, checkpoint_weights, final_json,
                       kill_a_worker_in_epoch_2, latest_ray_checkpoint, load_script, parse_only, resumed_after)
 

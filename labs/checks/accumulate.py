@@ -1,7 +1,7 @@
 """Lab 04-accumulate's checks: main() in 2 processes under a profiler, 2 micro-batches per optimizer step, against
 the recipe in 1 process on whole batches, unsharded and un-accumulated (labs.reference). The profiler counts the
 reduce-scatters each rank issued; every optimizer step's gradients are recorded (labs.checks.fully_shard.watch)."""
-from common import TRANSFORMER_BLOCK, build_model
+from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
 from labs.checks.fully_shard import GRADIENT_TOLERANCE, LOSS_TOLERANCE, watch
 from labs.harness import Outcome, RunFailed, crashed, lab_args, run_groups

@@ -8,7 +8,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from common import augment_batch, evaluate, load_data
+from common.data import augment_batch, load_data
+from common.training import evaluate
 from labs import reference
 from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups, watch_training
 

@@ -6,7 +6,7 @@ import collections
 import torch
 from torch.distributed.tensor import DTensor
 
-from common import TRANSFORMER_BLOCK, build_model
+from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
 from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups, watch_training
 

@@ -8,7 +8,7 @@ import tempfile
 import ray
 import ray.data
 
-from common import load_data
+from common.data import load_data
 from labs import reference, watch
 from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, start_ray
 

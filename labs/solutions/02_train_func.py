@@ -14,7 +14,9 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import augment_batch, build_model, evaluate, load_checkpoint, load_data, make_optimizer, save_checkpoint
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, load_checkpoint, make_optimizer, save_checkpoint
 
 
 def fit(args, storage: str, name: str) -> ray.train.Result:

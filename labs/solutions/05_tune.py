@@ -16,7 +16,9 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import BasicVariantGenerator
 from torch.utils.data import DataLoader
 
-from common import augment_batch, build_model, evaluate, load_data, make_optimizer
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import evaluate, make_optimizer
 
 # The recipe's optimisation knobs, searched around the values it uses (2e-3, 0.05), as step 05 does.
 SEARCH_SPACE = {

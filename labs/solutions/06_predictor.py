@@ -7,7 +7,8 @@ import ray
 import ray.data
 import torch
 
-from common import build_model, predict
+from common.model import build_model
+from common.training import predict
 
 
 def classify(dataset: ray.data.Dataset, preset: str, weights_ref: ray.ObjectRef) -> ray.data.Dataset:
