@@ -31,7 +31,7 @@ ax.add_patch(Ellipse((275, 262), 210, 62, fc=COMM[1], ec=COMM[0], lw=2))
 ax.text(275, 262, "rendezvous\nnode 0:29500", ha="center", va="center", fontsize=15, color=COMM[0])
 for x in (225, 325):
     ax.plot([x, x + (-30 if x < 275 else 30)], [286, 308], color=COMM[0], lw=2, ls="--")
-crash(0, "a crash stops every rank", "you rerun with --resume")
+crash(0, "a crash restarts every rank", "with --max-restarts; the script resumes itself")
 
 ax.plot([550, 550], [20, 440], color=STORAGE[1], lw=2)
 
