@@ -281,6 +281,11 @@ def test_the_estimate_is_the_path_tables_for_one_epoch_and_grows_with_the_work()
     assert STATED.search("# about 65 min, 1.4 GB").group(1) == "65" and not STATED.search("about 65 min")
 
 
+def test_the_readme_stays_a_guide_of_at_most_250_lines():
+    """The attendee's guide; the depth goes to each step's README (it had grown back to 256 lines, #52)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
 def test_the_install_and_the_test_commands_state_their_cost():
     start = (ROOT / "README.md").read_text().split("## Start here")[1].split("\n## ")[0]
     assert re.search(r"downloads about [\d.]+ GB and takes [\d.]+ GB of disk", start), "install: its size"
