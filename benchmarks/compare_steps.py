@@ -36,8 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
-from common import PRESETS, build_model, count_params  # noqa: E402
-from common.model import DEFAULT_PRESET  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params  # noqa: E402
 from common.meter import summary_of  # noqa: E402
 
 SCRIPTS = {

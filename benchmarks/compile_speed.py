@@ -62,7 +62,9 @@ def measure(compiled: bool, preset: str, steps: int, batch_size: int) -> dict:
     import torch
     from torch import nn
 
-    from common import augment_batch, build_model, make_optimizer, predict
+    from common.data import augment_batch
+    from common.model import build_model
+    from common.training import make_optimizer, predict
 
     torch.manual_seed(0)
     model = build_model(preset)

@@ -46,8 +46,7 @@ from compare_steps import (Run, command, describe_commit, describe_machine, exec
                            steady_images_per_s)
 from tables import inference_table, steps_table  # noqa: E402
 
-from common import PRESETS  # noqa: E402
-from common.model import DEFAULT_PRESET  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 
 GLOBAL_BATCH = 128  # the steps' default, as in the published CPU tables
 CPU_EVAL_IMAGES = 128  # evaluation on the CPUs takes longer than the few training steps measured

@@ -24,8 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
-from common import PRESETS  # noqa: E402
-from common.model import DEFAULT_PRESET  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 from common.profiling import WARMUP_STEPS  # noqa: E402
 from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line  # noqa: E402
 from trace_analysis import PHASES, load_trace, profiled_steps, step_parts, summarize  # noqa: E402
