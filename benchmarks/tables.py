@@ -558,6 +558,56 @@ def save(fig, path: Path) -> Path:
     return path
 
 
+# --- device_run.py's results.md ----------------------------------------------------------------------------------
+
+def device_run_markdown(results: dict) -> str:
+    """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
+    runs = [Run(**r) for r in results["runs"]]
+    dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
+    lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
+             f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
+             f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
+             f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
+             "## Every step on the GPU, one process each", ""]
+    lines += gpu_steps_table(results, [r for r in runs if r.section == "steps"])
+    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table([r for r in runs if r.section == "inference"])
+    lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
+                  "each image and its mirror image, writing Parquet.", "",
+              f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
+    return "\n".join(lines + cpu_scaling_table(results)) + "\n"
+
+
+def gpu_steps_table(results: dict, runs: list) -> list:
+    """The steps table (the published CPU table's columns), once a run has finished."""
+    if any(r.status == "ok" for r in runs):
+        return steps_table(results)
+    return ["No run finished: " + "; ".join(f"{r.name}: {r.status} ({r.skipped or r.error})" for r in runs) + "."]
+
+
+def cpu_scaling_table(results: dict) -> list:
+    """torchrun DDP and Ray DDP at each number of processes: images/s, Ray's over torchrun's, and start-up."""
+    runs = {r.name: r for r in (Run(**r) for r in results["runs"]) if r.section == "scaling"}
+    lines = ["| processes | threads | torchrun DDP images/s | Ray DDP images/s | Ray / torchrun | "
+             "launch to first step: torchrun, Ray |", "|---|---|---|---|---|---|"]
+    for n in sorted({r.workers for r in runs.values()}):
+        torchrun, ray = runs[f"cpu_torchrun_ddp_n{n}"], runs[f"cpu_ray_ddp_n{n}"]
+        ratio = (f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}"
+                 if torchrun.status == ray.status == "ok" else "-")
+        starts = ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-" for r in (torchrun, ray))
+        lines.append(f"| {n} | {n * results['threads_per_process']} | {images_per_s(torchrun)} | {images_per_s(ray)} | "
+                     f"{ratio} | {starts} |")
+    return lines + ["", f"Model {results['model']}, global batch {results['global_batch_size']}, {results['epochs']} "
+                        f"epochs of {results['cpu_steps_per_epoch']} steps; images/s is the mean of the epochs after "
+                        f"the first. The GPU hidden (CUDA_VISIBLE_DEVICES=''), OMP_NUM_THREADS="
+                        f"{results['threads_per_process']} in every process."]
+
+
+def images_per_s(run: Run) -> str:
+    if run.status != "ok":
+        return f"{run.status}: {run.skipped or run.error}"
+    return f"{steady_images_per_s(run.summary):,.0f}"
+
+
 # --- profile_steps.py's results.md and timeline.png --------------------------------------------------------------
 
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868",
