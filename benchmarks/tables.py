@@ -90,6 +90,17 @@ def epochs_trained(results: dict, summary: dict) -> str:
     return f"{epochs} epoch{'s' * (epochs != 1)}" + (f" of {cut} steps" if cut else "")
 
 
+def state_mb(summary: dict) -> float:
+    """Rank 0's parameters, gradients and optimizer state: the bytes of the tensors it holds, in MB."""
+    m = summary["memory_per_rank"][0]
+    return m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]
+
+
+# Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
+GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
+                "ray_fsdp2": "memory_fsdp2_n2"}
+
+
 def steps_table(results: dict) -> list:
     """Every step side by side: the same model, data, global batch and epochs."""
     first = next(iter(ok_runs(results, "steps").values())).summary
@@ -231,23 +242,18 @@ def comparison_table(results: dict) -> list:
     row("what you write by hand", lambda name, script: BY_HAND[name])
     row("fault tolerance", lambda name, script: FAULTS[name])
 
-    def state(name, script):
-        run = steps.get(name)
-        m = run.summary["memory_per_rank"][0] if run else None
-        return f"{sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')):,.1f} MB" if m else "-"
-    row("parameters + gradients + AdamW state per rank", state)
+    row("parameters + gradients + AdamW state per rank",
+        lambda name, script: f"{state_mb(steps[name].summary):,.1f} MB" if name in steps else "-")
 
     def giant(name, script):
-        run = memory.get({"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
-                          "ray_fsdp2": "memory_fsdp2_n2"}[name])
+        run = memory.get(GIANT_ON_TWO[name])
         if run is None:
             return "-"
         if run.status != "ok":
             if run.status == "skipped":
                 return "does not fit"
             return "killed: out of memory" if "OutOfMemory" in (run.error or "") else "failed"
-        m = run.summary["memory_per_rank"][0]
-        return f"trained, {sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:,.1f} GiB per rank"
+        return f"trained, {state_mb(run.summary) / 1024:,.1f} GiB per rank"
     row("the largest preset on 2 workers", giant)
     row("launch to first step", lambda name, script: f"{steps[name].launch_to_first_step_s:.1f} s"
         if name in steps else "-")
@@ -462,7 +468,7 @@ def figures(steps: list) -> list:
                      f"wall time {fast.summary['wall_time_s']:.0f} vs {slow.summary['wall_time_s']:.0f} s.")
     if "ray_fsdp" in by_name and "ray_fsdp2" in by_name:
         one, two = by_name["ray_fsdp"].summary, by_name["ray_fsdp2"].summary
-        state = [sum(s["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb")) for s in (one, two)]
+        state = [state_mb(one), state_mb(two)]
         lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {steady_images_per_s(one):,.0f} vs "
                      f"{steady_images_per_s(two):,.0f} img/s; state on rank 0 {state[0]:,.2f} vs {state[1]:,.2f} MB; "
                      f"peak memory per rank {max(one['peak_memory_mb']):,.0f} vs {max(two['peak_memory_mb']):,.0f} MB; "
@@ -495,10 +501,9 @@ def memory_markdown(memory: list) -> list:
         if r.status != "ok":
             lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")
             continue
-        m = r.summary["memory_per_rank"][0]
-        total = (m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]) / 1024
+        m, peak = r.summary["memory_per_rank"][0], max(r.summary["peak_memory_mb"])
         lines.append(f"| {strategy} | {r.workers} | {offload} | {m['params_mb']:,.0f} | {m['grads_mb']:,.0f} | "
-                     f"{m['optimizer_mb']:,.0f} | {total:,.2f} | {max(r.summary['peak_memory_mb']) / 1024:,.1f} |")
+                     f"{m['optimizer_mb']:,.0f} | {state_mb(r.summary) / 1024:,.2f} | {peak / 1024:,.1f} |")
     return lines + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."]
 
 
@@ -908,8 +913,7 @@ def memory_slide(results: dict) -> list:
     """The memory lesson on a slide: DDP, FSDP1 and FSDP2 on 1, 2 and 4 workers, state per rank and outcome."""
     memory = {r.name: r for r in runs(results, "memory")}
     full = memory.get("memory_ddp_n1")
-    full_state = (sum(full.summary["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
-                  if full and full.status == "ok" else None)
+    full_state = state_mb(full.summary) if full and full.status == "ok" else None
     lines = ["| strategy | workers | state per rank | outcome |", "|---|---|---|---|"]
     for n in sorted({r.workers for r in memory.values()}):
         # One worker: FSDP2 holds what DDP does (its row is in the full table).
@@ -919,8 +923,7 @@ def memory_slide(results: dict) -> list:
             if r is None:
                 continue
             if r.status == "ok":
-                m = r.summary["memory_per_rank"][0]
-                state = sum(m[k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
+                state = state_mb(r.summary)
                 outcome = f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB"
             else:
                 state = full_state if strategy == "DDP" else None  # DDP holds everything on every rank
@@ -962,16 +965,14 @@ def comparison_slide(results: dict) -> list:
     row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-")
 
     def giant(n):
-        r = memory.get({"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
-                        "ray_fsdp2": "memory_fsdp2_n2"}[n])
+        r = memory.get(GIANT_ON_TWO[n])
         if r is None:
             return "-"
         if r.status == "skipped":
             return "does not fit"
         if r.status != "ok":
             return "killed" if "OutOfMemory" in (r.error or "") else "failed"
-        m = r.summary["memory_per_rank"][0]
-        return f"{sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:.1f} GiB each"
+        return f"{state_mb(r.summary) / 1024:.1f} GiB each"
     row("`giant`, 2 ranks", giant)
     row("a crash", lambda n: {"ddp": "you rerun", "ray_ddp": "restarts", "ray_fsdp": "restarts",
                                "ray_fsdp2": "restarts"}[n])
