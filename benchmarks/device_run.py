@@ -42,7 +42,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other
-from compare_steps import Run, command, describe_commit, describe_machine, execute, outcome_line  # noqa: E402
+from compare_steps import (Run, command, describe_commit, describe_machine, execute, made_by,  # noqa: E402
+                           outcome_line)
 from tables import device_run_markdown  # noqa: E402
 
 from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
@@ -277,13 +278,12 @@ def own_limit_s(run: Run) -> int:
 
 def describe_run(args, runs: list) -> dict:
     """The machine (its GPU, driver and CUDA), the command, and the settings that every run shares."""
-    made_by = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
-                   commit=describe_commit())
+    made = made_by(describe_commit())
     for run in runs:
-        run.made_by = made_by
+        run.made_by = made
     return dict(machine=describe_machine(), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                 gpus=torch.cuda.device_count(), driver=nvidia_driver(), cuda=torch.version.cuda,
-                cpu_count=os.cpu_count(), torch=torch.__version__, **made_by, dry_run=args.dry_run,
+                cpu_count=os.cpu_count(), torch=torch.__version__, **made, dry_run=args.dry_run,
                 ray_start_s=None, model=args.model, epochs=args.epochs, global_batch_size=args.batch_size,
                 steps_per_epoch=args.steps_per_epoch, cpu_steps_per_epoch=args.cpu_steps_per_epoch,
                 threads_per_process=args.threads_per_process, budget_s=args.budget_s,

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 from common.profiling import WARMUP_STEPS  # noqa: E402
-from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line  # noqa: E402
+from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line, made_by  # noqa: E402
 from tables import write_profile_report  # noqa: E402
 from trace_analysis import summarize  # noqa: E402
 
@@ -46,9 +46,8 @@ def main():
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     variants = [name for name in VARIANTS if not args.only or name in args.only]
-    results = dict(machine=describe_machine(), date=time.strftime("%Y-%m-%d"),
-                   command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), commit=describe_commit(),
-                   warmup_steps=WARMUP_STEPS, profile_steps=args.profile_steps, variants=[])
+    results = dict(machine=describe_machine(), **made_by(describe_commit()), warmup_steps=WARMUP_STEPS,
+                   profile_steps=args.profile_steps, variants=[])
     for i, name in enumerate(variants, 1):
         print(f"[{i}/{len(variants)}] {name}: ", end="", flush=True)
         variant = profile_variant(name, args, out)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
+from benchmarks.compare_steps import describe_machine, this_command  # noqa: E402
 from benchmarks.tables import cpu_share_markdown, fit_processes_markdown, report_latency_markdown  # noqa: E402
 from common.ray_setup import POLL_INTERVAL_S  # noqa: E402
 
@@ -85,10 +85,6 @@ def write(report: dict, out: Path, markdown) -> None:
     table = markdown(report)
     (out / "results.md").write_text(table)
     print(table)
-
-
-def this_command() -> str:
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 # --- /proc ------------------------------------------------------------------------------------------------------
