@@ -508,53 +508,66 @@ def memory_markdown(memory: list) -> list:
 
 
 def write_plots(runs: list, out: Path) -> list:
+    """compare_steps.py's plots of the runs that finished, a plot for each section that has some; returns them."""
     import matplotlib
 
     matplotlib.use("Agg")
+    ok = [r for r in runs if r.status == "ok"]
+    steps, memory = [r for r in ok if r.section == "steps"], [r for r in ok if r.section == "memory"]
+    recipe = [r for r in ok if r.section == "recipe" and r.step != "inference"]
+    written = []
+    if steps:
+        title = f"Test accuracy per epoch ({steps[0].summary['model']})"
+        written += [accuracy_plot(steps, title, lambda r: r.name, out / "accuracy.png"),
+                    throughput_plot(steps, out / "throughput.png")]
+    if recipe:
+        written.append(accuracy_plot(recipe, "The recipe, epoch by epoch", lambda r: f"{r.name} ({r.summary['model']})",
+                                     out / "recipe_accuracy.png"))
+    if memory:
+        written.append(memory_plot(memory, out / "memory.png"))
+    return written
+
+
+def accuracy_plot(runs: list, title: str, label, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    written = []
-    steps = [r for r in runs if r.section == "steps" and r.status == "ok"]
-    if steps:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in steps:
-            history = r.summary["history"]
-            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=r.name)
-        ax.set(xlabel="epoch", ylabel="test accuracy", title=f"Test accuracy per epoch ({steps[0].summary['model']})")
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / "accuracy.png"))
-        fig, ax = plt.subplots(figsize=(7, 4))
-        speeds = [steady_images_per_s(r.summary) for r in steps]
-        ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
-        for y, v in enumerate(speeds):
-            ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
-        ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
-        ax.invert_yaxis()
-        written.append(save(fig, out / "throughput.png"))
-    recipe = [r for r in runs if r.section == "recipe" and r.step != "inference" and r.status == "ok"]
-    if recipe:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in recipe:
-            history = r.summary["history"]
-            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o",
-                    label=f"{r.name} ({r.summary['model']})")
-        ax.set(xlabel="epoch", ylabel="test accuracy", title="The recipe, epoch by epoch")
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / "recipe_accuracy.png"))
-    memory = [r for r in runs if r.section == "memory" and r.status == "ok"]
-    if memory:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        labels = [r.name.removeprefix("memory_") for r in memory]
-        bottom = [0.0] * len(memory)
-        for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
-            values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
-            ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
-        ax.tick_params(axis="x", labelrotation=30)
-        ax.legend()
-        written.append(save(fig, out / "memory.png"))
-    return written
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        history = r.summary["history"]
+        ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=label(r))
+    ax.set(xlabel="epoch", ylabel="test accuracy", title=title)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def throughput_plot(steps: list, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    speeds = [steady_images_per_s(r.summary) for r in steps]
+    ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
+    for y, v in enumerate(speeds):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
+    ax.invert_yaxis()
+    return save(fig, path)
+
+
+def memory_plot(memory: list, path: Path) -> Path:
+    """Rank 0's parameters, gradients and optimizer state, stacked, per memory run."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [r.name.removeprefix("memory_") for r in memory]
+    bottom = [0.0] * len(memory)
+    for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
+        values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
+        ax.bar(labels, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend()
+    return save(fig, path)
 
 
 def save(fig, path: Path) -> Path:
