@@ -453,8 +453,12 @@ def measure_ray_start() -> float:
     """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
     code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
             "ray.init(address='local', **init_options('local')); print(time.time() - t)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(last_line_printed([sys.executable, "-c", code], cwd=ROOT))
+
+
+def last_line_printed(cmd: list, **kwargs) -> str:
+    """What a measurement in a fresh process found: the last line it printed."""
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, **kwargs).stdout.strip().splitlines()[-1]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
+from benchmarks.compare_steps import describe_machine, last_line_printed  # noqa: E402
 from benchmarks.tables import compile_speed_markdown  # noqa: E402
 from common.flags import TRAIN_SIZES, make_parser  # noqa: E402
 from common.model import PRESETS  # noqa: E402
@@ -53,9 +52,7 @@ def measure_in_fresh_process(mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         cmd = [sys.executable, __file__, "--measure", mode, "--model", args.model, "--steps", str(args.steps),
                "--batch-size", str(args.batch_size)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
-    row = json.loads(done.stdout.strip().splitlines()[-1])
+        row = json.loads(last_line_printed(cmd, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}))
     print(json.dumps(row), flush=True)
     return row
 
