@@ -356,11 +356,9 @@ def write_report(results: dict, out: Path) -> list:
 
 
 def steps_results_markdown(results: dict) -> str:
-    runs = [Run(**r) for r in results["runs"]]
-    steps = [r for r in runs if r.section == "steps"]
-    memory = [r for r in runs if r.section == "memory"]
-    inference = [r for r in runs if r.section == "inference"]
-    recipe = [r for r in runs if r.section == "recipe"]
+    """compare_steps.py's results.md: what ran where, then each section that has runs."""
+    steps, memory, inference = runs(results, "steps"), runs(results, "memory"), runs(results, "inference")
+    tune, recipe = ok_runs(results, "tune"), runs(results, "recipe")
     lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
     made = made_by_runs(results)
     for (command, date, commit), names in made.items():
@@ -368,34 +366,40 @@ def steps_results_markdown(results: dict) -> str:
         which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
         lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
     if steps:
-        ok = [r for r in steps if r.status == "ok"]
-        if ok:
-            s = ok[0].summary
-            lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
-                      f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
-        lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
-                  "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
-        for r in steps:
-            if r.status != "ok":
-                lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
-                continue
-            s = r.summary
-            lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
-                         f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
-                         f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
-        lines += ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s")) + figures(steps)
+        lines += steps_markdown(steps) + ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s"))
+        lines += figures(steps)
     if memory:
         lines += memory_markdown(memory)
     if inference:
         lines += ["## Batch inference (step 06)", ""] + inference_table(inference) + [""]
-    tune = [r for r in runs if r.section == "tune" and r.status == "ok"]
     if tune:
-        s = tune[0].summary
-        lines += ["## Step 05 as in class", "", f"{len(s['trials'])} trials in {tune[0].wall_s:.0f} s from launch; "
-                  f"best validation accuracy {s['best']['best_accuracy']:.2%}.", ""]
+        run = next(iter(tune.values()))
+        lines += ["## Step 05 as in class", "", f"{len(run.summary['trials'])} trials in {run.wall_s:.0f} s from "
+                  f"launch; best validation accuracy {run.summary['best']['best_accuracy']:.2%}.", ""]
     if recipe:
         lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
     return "\n".join(lines) + "\n"
+
+
+def steps_markdown(steps: list) -> list:
+    """The steps section's table, with the loss and wall time that the documents' steps table leaves out."""
+    ok = [r for r in steps if r.status == "ok"]
+    lines = []
+    if ok:
+        s = ok[0].summary
+        lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
+                  f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
+    lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
+              "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
+    for r in steps:
+        if r.status != "ok":
+            lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
+            continue
+        s = r.summary
+        lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
+                     f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
+                     f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
+    return lines
 
 
 def inference_table(runs: list) -> list:
@@ -580,15 +584,14 @@ def save(fig, path: Path) -> Path:
 
 def device_run_markdown(results: dict) -> str:
     """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
-    runs = [Run(**r) for r in results["runs"]]
     dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
     lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
              f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
              f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
              f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
              "## Every step on the GPU, one process each", ""]
-    lines += gpu_steps_table(results, [r for r in runs if r.section == "steps"])
-    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table([r for r in runs if r.section == "inference"])
+    lines += gpu_steps_table(results, runs(results, "steps"))
+    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table(runs(results, "inference"))
     lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
                   "each image and its mirror image, writing Parquet.", "",
               f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
@@ -604,11 +607,11 @@ def gpu_steps_table(results: dict, runs: list) -> list:
 
 def cpu_scaling_table(results: dict) -> list:
     """torchrun DDP and Ray DDP at each number of processes: images/s, Ray's over torchrun's, and start-up."""
-    runs = {r.name: r for r in (Run(**r) for r in results["runs"]) if r.section == "scaling"}
+    scaling = {r.name: r for r in runs(results, "scaling")}
     lines = ["| processes | threads | torchrun DDP images/s | Ray DDP images/s | Ray / torchrun | "
              "launch to first step: torchrun, Ray |", "|---|---|---|---|---|---|"]
-    for n in sorted({r.workers for r in runs.values()}):
-        torchrun, ray = runs[f"cpu_torchrun_ddp_n{n}"], runs[f"cpu_ray_ddp_n{n}"]
+    for n in sorted({r.workers for r in scaling.values()}):
+        torchrun, ray = scaling[f"cpu_torchrun_ddp_n{n}"], scaling[f"cpu_ray_ddp_n{n}"]
         ratio = (f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}"
                  if torchrun.status == ray.status == "ok" else "-")
         starts = ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-" for r in (torchrun, ray))
