@@ -36,8 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
-from common.model import PRESETS, build_model, count_params  # noqa: E402
-from common.model import DEFAULT_PRESET  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params  # noqa: E402
 from common.meter import summary_of  # noqa: E402
 
 SCRIPTS = {
@@ -106,11 +105,10 @@ def main():
         ray.shutdown()
     ray_start_s = measure_ray_start() if any(r.section == "steps" and r.status == "ok" and r.step.startswith("ray")
                                              and not args.address for r in runs) else None
-    made_by = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
-                   commit=commit)
+    made = made_by(commit)
     for run in runs:
-        run.made_by = made_by
-    results = dict(machine=machine, **made_by, ray_start_s=ray_start_s, steps_per_epoch=args.steps_per_epoch,
+        run.made_by = made
+    results = dict(machine=machine, **made, ray_start_s=ray_start_s, steps_per_epoch=args.steps_per_epoch,
                    eval_images=args.eval_images, runs=[vars(r) for r in runs])
     if previous:
         results = updated(previous, results)
@@ -433,20 +431,34 @@ def describe_machine() -> str:
             + f"; torch {torch.__version__}")
 
 
-def describe_commit() -> str:
-    """The code that runs: the commit, and whether the steps or common/ had changes on top of it."""
+def describe_commit(paths: tuple = ("common", *sorted(SCRIPTS.values())), what: str = "the steps") -> str:
+    """The code that runs: the commit, and whether paths (what, for a reader) had changes on top of it."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "common", *sorted(SCRIPTS.values()))
-    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes to the steps)" if changed else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
+    return git("rev-parse", "--short", "HEAD") + (f" (with uncommitted changes to {what})" if changed else "")
+
+
+def this_command() -> str:
+    """How this benchmark was started: its file's name and its arguments."""
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def made_by(commit: str) -> dict:
+    """The command, the date and the commit that made a result."""
+    return dict(command=this_command(), date=time.strftime("%Y-%m-%d"), commit=commit)
 
 
 def measure_ray_start() -> float:
     """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
     code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
             "ray.init(address='local', **init_options('local')); print(time.time() - t)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(last_line_printed([sys.executable, "-c", code], cwd=ROOT))
+
+
+def last_line_printed(cmd: list, **kwargs) -> str:
+    """What a measurement in a fresh process found: the last line it printed."""
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, **kwargs).stdout.strip().splitlines()[-1]
 
 
 if __name__ == "__main__":

@@ -8,14 +8,14 @@ label-smoothed loss, backward, AdamW) on random uint8 images, after one warm-up 
 evaluation call. The compiled model is compiled in place (`model.compile()`, so its state_dict keys
 stay the same); its warm-up step and its first evaluation include its two compilations (training,
 then evaluation). Eager and compiled alternate for --rounds rounds, so a drift in the machine's
-speed hits both. The table gives the images/s of each round, the compile time, and the images a run
-must train before compiling has paid for itself, against the 500,000 of a 10-epoch CIFAR-10 run.
+speed hits both. results.json holds the images/s of each round, the compile time, and the images a run
+must train before compiling has paid for itself, against the 500,000 of a 10-epoch CIFAR-10 run; tables.py
+renders it as results.md.
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
+from benchmarks.compare_steps import describe_machine, last_line_printed  # noqa: E402
+from benchmarks.tables import compile_speed_markdown  # noqa: E402
 from common.flags import TRAIN_SIZES, make_parser  # noqa: E402
 from common.model import PRESETS  # noqa: E402
 
@@ -51,9 +52,7 @@ def measure_in_fresh_process(mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         cmd = [sys.executable, __file__, "--measure", mode, "--model", args.model, "--steps", str(args.steps),
                "--batch-size", str(args.batch_size)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
-    row = json.loads(done.stdout.strip().splitlines()[-1])
+        row = json.loads(last_line_printed(cmd, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}))
     print(json.dumps(row), flush=True)
     return row
 
@@ -99,6 +98,7 @@ def measure(compiled: bool, preset: str, steps: int, batch_size: int) -> dict:
 
 
 def write(rows: list, args) -> None:
+    """results.json: every round, and the medians that say whether compiling pays for itself; results.md from it."""
     by_mode = {mode: [r for r in rows if r["mode"] == mode] for mode in ("eager", "compiled")}
     eager = statistics.median(r["images_per_s"] for r in by_mode["eager"])
     compiled = statistics.median(r["images_per_s"] for r in by_mode["compiled"])
@@ -106,27 +106,17 @@ def write(rows: list, args) -> None:
                     - statistics.median(r[first] for r in by_mode["eager"])
                     for first in ("first_step_s", "first_evaluation_s"))
     saved_per_image = 1 / eager - 1 / compiled
-    break_even = compile_s / saved_per_image if saved_per_image > 0 else None
     command = (f"python benchmarks/compile_speed.py --model {args.model} --rounds {args.rounds} --steps {args.steps} "
                f"--out {args.out}")
-    lines = ["# torch.compile on the recipe's training step\n", f"`{command}`\n", f"Machine: {describe_machine()}\n",
-             f"`{args.model}`, batch {args.batch_size}, {rows[0]['threads']} threads, {args.steps} steps per "
-             f"measurement after one warm-up step, each in a fresh process with an empty compile cache.\n",
-             "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
-             "|---|---|---|---|"]
-    for i, (e, c) in enumerate(zip(by_mode["eager"], by_mode["compiled"], strict=True), 1):
-        first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
-        lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
-    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / FULL_RUN_IMAGES:.2f} of a 10-epoch run)"
-               if break_even else "never pays for itself: it trains no faster")
-    lines += ["", f"Medians: eager {eager:.0f} images/s, compiled {compiled:.0f} images/s ({compiled / eager:.3f}x), "
-              f"compiling (both graphs) {compile_s:.1f} s. Compiling {verdict}."]
+    results = dict(command=command, machine=describe_machine(), model=args.model, batch_size=args.batch_size,
+                   steps=args.steps, full_run_images=FULL_RUN_IMAGES, rows=rows, eager_images_per_s=eager,
+                   compiled_images_per_s=compiled, compile_s=compile_s,
+                   break_even_images=compile_s / saved_per_image if saved_per_image > 0 else None)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    summary = dict(eager_images_per_s=eager, compiled_images_per_s=compiled, compile_s=compile_s,
-                   break_even_images=break_even)
-    (args.out / "results.json").write_text(json.dumps(dict(command=command, rows=rows, **summary), indent=1) + "\n")
-    print("\n".join(lines))
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = compile_speed_markdown(results)
+    (args.out / "results.md").write_text(table)
+    print(table)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ ratio of their images/s at each size.
 
 Every run has its own time limit, and all of them together --budget-s: a run that fails or runs out of time is
 recorded and the others go on; a run the budget leaves no time for is listed as skipped. <out>/results.json (the
-published schema, with the GPU, its driver and CUDA) and <out>/results.md are written again after every run. Before
-any run, every planned command goes through its step's own parser (and torchrun's), so that a typo costs no device
-time. --dry-run does that too, then runs two of the runs at a tiny size on CPU (step 01 alone, and torchrun on the
-CPUs), lists the others as skipped and writes the same files.
+published schema, with the GPU, its driver and CUDA) and <out>/results.md (drawn by tables.py) are written again
+after every run. Before any run, every planned command goes through its step's own parser (and torchrun's), so that
+a typo costs no device time. --dry-run does that too, then runs two of the runs at a tiny size on CPU (step 01
+alone, and torchrun on the CPUs), lists the others as skipped and writes the same files.
 """
 import argparse
 import contextlib
@@ -42,12 +42,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other
-from compare_steps import (Run, command, describe_commit, describe_machine, execute, outcome_line,  # noqa: E402
-                           steady_images_per_s)
-from tables import inference_table, steps_table  # noqa: E402
+from compare_steps import (Run, command, describe_commit, describe_machine, execute, made_by,  # noqa: E402
+                           outcome_line)
+from tables import device_run_markdown  # noqa: E402
 
-from common.model import PRESETS  # noqa: E402
-from common.model import DEFAULT_PRESET  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 
 GLOBAL_BATCH = 128  # the steps' default, as in the published CPU tables
 CPU_EVAL_IMAGES = 128  # evaluation on the CPUs takes longer than the few training steps measured
@@ -279,13 +278,12 @@ def own_limit_s(run: Run) -> int:
 
 def describe_run(args, runs: list) -> dict:
     """The machine (its GPU, driver and CUDA), the command, and the settings that every run shares."""
-    made_by = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
-                   commit=describe_commit())
+    made = made_by(describe_commit())
     for run in runs:
-        run.made_by = made_by
+        run.made_by = made
     return dict(machine=describe_machine(), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                 gpus=torch.cuda.device_count(), driver=nvidia_driver(), cuda=torch.version.cuda,
-                cpu_count=os.cpu_count(), torch=torch.__version__, **made_by, dry_run=args.dry_run,
+                cpu_count=os.cpu_count(), torch=torch.__version__, **made, dry_run=args.dry_run,
                 ray_start_s=None, model=args.model, epochs=args.epochs, global_batch_size=args.batch_size,
                 steps_per_epoch=args.steps_per_epoch, cpu_steps_per_epoch=args.cpu_steps_per_epoch,
                 threads_per_process=args.threads_per_process, budget_s=args.budget_s,
@@ -308,57 +306,10 @@ def write_results(results: dict, runs: list, started: float, out: Path) -> None:
     results = {**results, "elapsed_s": time.time() - started, "runs": [vars(r) for r in runs]}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     try:
-        markdown = results_markdown(results)
+        markdown = device_run_markdown(results)
     except Exception as e:  # a table that cannot be drawn must not stop the runs to come; results.json has it all
         markdown = f"results.md could not be drawn ({type(e).__name__}: {e}); the runs are in results.json\n"
     (out / "results.md").write_text(markdown)
-
-
-def results_markdown(results: dict) -> str:
-    runs = [Run(**r) for r in results["runs"]]
-    dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
-    lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
-             f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
-             f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
-             f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
-             "## Every step on the GPU, one process each", ""]
-    lines += gpu_table(results, [r for r in runs if r.section == "steps"])
-    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table([r for r in runs if r.section == "inference"])
-    lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
-                  "each image and its mirror image, writing Parquet.", "",
-              f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
-    return "\n".join(lines + scaling_table(results)) + "\n"
-
-
-def gpu_table(results: dict, runs: list) -> list:
-    """tables.py's steps table (the published CPU table's columns), once a run has finished."""
-    if any(r.status == "ok" for r in runs):
-        return steps_table(results)
-    return ["No run finished: " + "; ".join(f"{r.name}: {r.status} ({r.skipped or r.error})" for r in runs) + "."]
-
-
-def scaling_table(results: dict) -> list:
-    """torchrun DDP and Ray DDP at each number of processes: images/s, Ray's over torchrun's, and start-up."""
-    runs = {r.name: r for r in (Run(**r) for r in results["runs"]) if r.section == "scaling"}
-    lines = ["| processes | threads | torchrun DDP images/s | Ray DDP images/s | Ray / torchrun | "
-             "launch to first step: torchrun, Ray |", "|---|---|---|---|---|---|"]
-    for n in sorted({r.workers for r in runs.values()}):
-        torchrun, ray = runs[f"cpu_torchrun_ddp_n{n}"], runs[f"cpu_ray_ddp_n{n}"]
-        ratio = (f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}"
-                 if torchrun.status == ray.status == "ok" else "-")
-        starts = ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-" for r in (torchrun, ray))
-        lines.append(f"| {n} | {n * results['threads_per_process']} | {images_per_s(torchrun)} | {images_per_s(ray)} | "
-                     f"{ratio} | {starts} |")
-    return lines + ["", f"Model {results['model']}, global batch {results['global_batch_size']}, {results['epochs']} "
-                        f"epochs of {results['cpu_steps_per_epoch']} steps; images/s is the mean of the epochs after "
-                        f"the first. The GPU hidden (CUDA_VISIBLE_DEVICES=''), OMP_NUM_THREADS="
-                        f"{results['threads_per_process']} in every process."]
-
-
-def images_per_s(run: Run) -> str:
-    if run.status != "ok":
-        return f"{run.status}: {run.skipped or run.error}"
-    return f"{steady_images_per_s(run.summary):,.0f}"
 
 
 if __name__ == "__main__":

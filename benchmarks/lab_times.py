@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, labs/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
+from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
 from labs.check import LABS  # noqa: E402
 
 
@@ -27,9 +27,9 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("results/lab-times"))
     parser.add_argument("--labs", nargs="+", choices=LABS, default=list(LABS))
     args = parser.parse_args()
-    machine, commit = describe_machine(), describe_commit()
+    machine, made = describe_machine(), made_by(describe_commit(("labs", "common"), "labs/ or common/"))
     runs = [time_check(lab, solution) for lab in args.labs for solution in (False, True)]
-    results = dict(machine=machine, date=time.strftime("%Y-%m-%d"), commit=commit, runs=runs)
+    results = dict(machine=machine, **made, runs=runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out / 'results.json'}")
@@ -47,14 +47,6 @@ def time_check(lab: str, solution: bool) -> dict:
                exit_code=done.returncode, passed=verdict[-1] if verdict else None, load_before=round(load, 2))
     print(json.dumps(run), flush=True)
     return run
-
-
-def describe_commit() -> str:
-    """The commit, and whether labs/ or common/ had changes on top of it."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "labs", "common")
-    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes to labs/ or common/)" if changed else "")
 
 
 if __name__ == "__main__":

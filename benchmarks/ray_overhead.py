@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
+from benchmarks.compare_steps import describe_machine, last_line_printed, this_command  # noqa: E402
 from benchmarks.tables import cpu_share_markdown, fit_processes_markdown, report_latency_markdown  # noqa: E402
 from common.ray_setup import POLL_INTERVAL_S  # noqa: E402
 
@@ -85,10 +85,6 @@ def write(report: dict, out: Path, markdown) -> None:
     table = markdown(report)
     (out / "results.md").write_text(table)
     print(table)
-
-
-def this_command() -> str:
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 # --- /proc ------------------------------------------------------------------------------------------------------
@@ -295,16 +291,11 @@ def processes() -> dict:
 def report_latencies(args) -> dict:
     import ray
 
-    rows = [report_latency_in_fresh_process(interval, args.reports)
+    rows = [json.loads(last_line_printed([sys.executable, __file__, "report-latency", "--interval", str(interval),
+                                          "--reports", str(args.reports)]))  # a fresh process: a fresh local Ray
             for interval in (RAY_DEFAULT_INTERVAL_S, POLL_INTERVAL_S)]
     return dict(command=this_command(), machine=describe_machine(), ray=ray.__version__,
                 date=time.strftime("%Y-%m-%d"), reports=args.reports, rows=rows)
-
-
-def report_latency_in_fresh_process(interval: float, reports: int) -> dict:
-    cmd = [sys.executable, __file__, "report-latency", "--interval", str(interval), "--reports", str(reports)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def report_latency(interval: float, reports: int) -> dict:

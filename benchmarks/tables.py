@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_steps import Run, evaluation_seconds, steady_images_per_s  # noqa: E402
-from profile_steps import results_table as profile_table  # noqa: E402
+from trace_analysis import PHASES, load_trace, profiled_steps, step_parts  # noqa: E402
 
 from common.flags import TRAIN_SIZES  # noqa: E402
 
@@ -88,6 +88,17 @@ def epochs_trained(results: dict, summary: dict) -> str:
     """'1 epoch', or '2 epochs of 60 steps' when the benchmark cut the epochs short."""
     cut, epochs = results.get("steps_per_epoch"), summary["epochs"]
     return f"{epochs} epoch{'s' * (epochs != 1)}" + (f" of {cut} steps" if cut else "")
+
+
+def state_mb(summary: dict) -> float:
+    """Rank 0's parameters, gradients and optimizer state: the bytes of the tensors it holds, in MB."""
+    m = summary["memory_per_rank"][0]
+    return m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]
+
+
+# Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
+GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
+                "ray_fsdp2": "memory_fsdp2_n2"}
 
 
 def steps_table(results: dict) -> list:
@@ -231,23 +242,18 @@ def comparison_table(results: dict) -> list:
     row("what you write by hand", lambda name, script: BY_HAND[name])
     row("fault tolerance", lambda name, script: FAULTS[name])
 
-    def state(name, script):
-        run = steps.get(name)
-        m = run.summary["memory_per_rank"][0] if run else None
-        return f"{sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')):,.1f} MB" if m else "-"
-    row("parameters + gradients + AdamW state per rank", state)
+    row("parameters + gradients + AdamW state per rank",
+        lambda name, script: f"{state_mb(steps[name].summary):,.1f} MB" if name in steps else "-")
 
     def giant(name, script):
-        run = memory.get({"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
-                          "ray_fsdp2": "memory_fsdp2_n2"}[name])
+        run = memory.get(GIANT_ON_TWO[name])
         if run is None:
             return "-"
         if run.status != "ok":
             if run.status == "skipped":
                 return "does not fit"
             return "killed: out of memory" if "OutOfMemory" in (run.error or "") else "failed"
-        m = run.summary["memory_per_rank"][0]
-        return f"trained, {sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:,.1f} GiB per rank"
+        return f"trained, {state_mb(run.summary) / 1024:,.1f} GiB per rank"
     row("the largest preset on 2 workers", giant)
     row("launch to first step", lambda name, script: f"{steps[name].launch_to_first_step_s:.1f} s"
         if name in steps else "-")
@@ -331,7 +337,6 @@ def suite_time_cores(folder: Path) -> list:
     return lines
 
 
-
 # --- compare_steps.py's results.md and plots -------------------------------------------------------------------
 
 
@@ -351,11 +356,9 @@ def write_report(results: dict, out: Path) -> list:
 
 
 def steps_results_markdown(results: dict) -> str:
-    runs = [Run(**r) for r in results["runs"]]
-    steps = [r for r in runs if r.section == "steps"]
-    memory = [r for r in runs if r.section == "memory"]
-    inference = [r for r in runs if r.section == "inference"]
-    recipe = [r for r in runs if r.section == "recipe"]
+    """compare_steps.py's results.md: what ran where, then each section that has runs."""
+    steps, memory, inference = runs(results, "steps"), runs(results, "memory"), runs(results, "inference")
+    tune, recipe = ok_runs(results, "tune"), runs(results, "recipe")
     lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
     made = made_by_runs(results)
     for (command, date, commit), names in made.items():
@@ -363,34 +366,40 @@ def steps_results_markdown(results: dict) -> str:
         which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
         lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
     if steps:
-        ok = [r for r in steps if r.status == "ok"]
-        if ok:
-            s = ok[0].summary
-            lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
-                      f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
-        lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
-                  "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
-        for r in steps:
-            if r.status != "ok":
-                lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
-                continue
-            s = r.summary
-            lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
-                         f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
-                         f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
-        lines += ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s")) + figures(steps)
+        lines += steps_markdown(steps) + ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s"))
+        lines += figures(steps)
     if memory:
         lines += memory_markdown(memory)
     if inference:
         lines += ["## Batch inference (step 06)", ""] + inference_table(inference) + [""]
-    tune = [r for r in runs if r.section == "tune" and r.status == "ok"]
     if tune:
-        s = tune[0].summary
-        lines += ["## Step 05 as in class", "", f"{len(s['trials'])} trials in {tune[0].wall_s:.0f} s from launch; "
-                  f"best validation accuracy {s['best']['best_accuracy']:.2%}.", ""]
+        run = next(iter(tune.values()))
+        lines += ["## Step 05 as in class", "", f"{len(run.summary['trials'])} trials in {run.wall_s:.0f} s from "
+                  f"launch; best validation accuracy {run.summary['best']['best_accuracy']:.2%}.", ""]
     if recipe:
         lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
     return "\n".join(lines) + "\n"
+
+
+def steps_markdown(steps: list) -> list:
+    """The steps section's table, with the loss and wall time that the documents' steps table leaves out."""
+    ok = [r for r in steps if r.status == "ok"]
+    lines = []
+    if ok:
+        s = ok[0].summary
+        lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
+                  f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
+    lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
+              "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
+    for r in steps:
+        if r.status != "ok":
+            lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
+            continue
+        s = r.summary
+        lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
+                     f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
+                     f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
+    return lines
 
 
 def inference_table(runs: list) -> list:
@@ -463,7 +472,7 @@ def figures(steps: list) -> list:
                      f"wall time {fast.summary['wall_time_s']:.0f} vs {slow.summary['wall_time_s']:.0f} s.")
     if "ray_fsdp" in by_name and "ray_fsdp2" in by_name:
         one, two = by_name["ray_fsdp"].summary, by_name["ray_fsdp2"].summary
-        state = [sum(s["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb")) for s in (one, two)]
+        state = [state_mb(one), state_mb(two)]
         lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {steady_images_per_s(one):,.0f} vs "
                      f"{steady_images_per_s(two):,.0f} img/s; state on rank 0 {state[0]:,.2f} vs {state[1]:,.2f} MB; "
                      f"peak memory per rank {max(one['peak_memory_mb']):,.0f} vs {max(two['peak_memory_mb']):,.0f} MB; "
@@ -496,67 +505,262 @@ def memory_markdown(memory: list) -> list:
         if r.status != "ok":
             lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")
             continue
-        m = r.summary["memory_per_rank"][0]
-        total = (m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]) / 1024
+        m, peak = r.summary["memory_per_rank"][0], max(r.summary["peak_memory_mb"])
         lines.append(f"| {strategy} | {r.workers} | {offload} | {m['params_mb']:,.0f} | {m['grads_mb']:,.0f} | "
-                     f"{m['optimizer_mb']:,.0f} | {total:,.2f} | {max(r.summary['peak_memory_mb']) / 1024:,.1f} |")
+                     f"{m['optimizer_mb']:,.0f} | {state_mb(r.summary) / 1024:,.2f} | {peak / 1024:,.1f} |")
     return lines + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."]
 
 
 def write_plots(runs: list, out: Path) -> list:
+    """compare_steps.py's plots of the runs that finished, a plot for each section that has some; returns them."""
     import matplotlib
 
     matplotlib.use("Agg")
+    ok = [r for r in runs if r.status == "ok"]
+    steps, memory = [r for r in ok if r.section == "steps"], [r for r in ok if r.section == "memory"]
+    recipe = [r for r in ok if r.section == "recipe" and r.step != "inference"]
+    written = []
+    if steps:
+        title = f"Test accuracy per epoch ({steps[0].summary['model']})"
+        written += [accuracy_plot(steps, title, lambda r: r.name, out / "accuracy.png"),
+                    throughput_plot(steps, out / "throughput.png")]
+    if recipe:
+        written.append(accuracy_plot(recipe, "The recipe, epoch by epoch", lambda r: f"{r.name} ({r.summary['model']})",
+                                     out / "recipe_accuracy.png"))
+    if memory:
+        written.append(memory_plot(memory, out / "memory.png"))
+    return written
+
+
+def accuracy_plot(runs: list, title: str, label, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    written = []
-    steps = [r for r in runs if r.section == "steps" and r.status == "ok"]
-    if steps:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in steps:
-            history = r.summary["history"]
-            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=r.name)
-        ax.set(xlabel="epoch", ylabel="test accuracy", title=f"Test accuracy per epoch ({steps[0].summary['model']})")
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / "accuracy.png"))
-        fig, ax = plt.subplots(figsize=(7, 4))
-        speeds = [steady_images_per_s(r.summary) for r in steps]
-        ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
-        for y, v in enumerate(speeds):
-            ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
-        ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
-        ax.invert_yaxis()
-        written.append(save(fig, out / "throughput.png"))
-    recipe = [r for r in runs if r.section == "recipe" and r.step != "inference" and r.status == "ok"]
-    if recipe:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in recipe:
-            history = r.summary["history"]
-            ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o",
-                    label=f"{r.name} ({r.summary['model']})")
-        ax.set(xlabel="epoch", ylabel="test accuracy", title="The recipe, epoch by epoch")
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / "recipe_accuracy.png"))
-    memory = [r for r in runs if r.section == "memory" and r.status == "ok"]
-    if memory:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        labels = [r.name.removeprefix("memory_") for r in memory]
-        bottom = [0.0] * len(memory)
-        for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
-            values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
-            ax.bar(labels, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
-        ax.tick_params(axis="x", labelrotation=30)
-        ax.legend()
-        written.append(save(fig, out / "memory.png"))
-    return written
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        history = r.summary["history"]
+        ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=label(r))
+    ax.set(xlabel="epoch", ylabel="test accuracy", title=title)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def throughput_plot(steps: list, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    speeds = [steady_images_per_s(r.summary) for r in steps]
+    ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
+    for y, v in enumerate(speeds):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
+    ax.invert_yaxis()
+    return save(fig, path)
+
+
+def memory_plot(memory: list, path: Path) -> Path:
+    """Rank 0's parameters, gradients and optimizer state, stacked, per memory run."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [r.name.removeprefix("memory_") for r in memory]
+    bottom = [0.0] * len(memory)
+    for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
+        values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
+        ax.bar(labels, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend()
+    return save(fig, path)
 
 
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+
+
+# --- device_run.py's results.md ----------------------------------------------------------------------------------
+
+def device_run_markdown(results: dict) -> str:
+    """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
+    dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
+    lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
+             f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
+             f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
+             f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
+             "## Every step on the GPU, one process each", ""]
+    lines += gpu_steps_table(results, runs(results, "steps"))
+    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table(runs(results, "inference"))
+    lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
+                  "each image and its mirror image, writing Parquet.", "",
+              f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
+    return "\n".join(lines + cpu_scaling_table(results)) + "\n"
+
+
+def gpu_steps_table(results: dict, runs: list) -> list:
+    """The steps table (the published CPU table's columns), once a run has finished."""
+    if any(r.status == "ok" for r in runs):
+        return steps_table(results)
+    return ["No run finished: " + "; ".join(f"{r.name}: {r.status} ({r.skipped or r.error})" for r in runs) + "."]
+
+
+def cpu_scaling_table(results: dict) -> list:
+    """torchrun DDP and Ray DDP at each number of processes: images/s, Ray's over torchrun's, and start-up."""
+    scaling = {r.name: r for r in runs(results, "scaling")}
+    lines = ["| processes | threads | torchrun DDP images/s | Ray DDP images/s | Ray / torchrun | "
+             "launch to first step: torchrun, Ray |", "|---|---|---|---|---|---|"]
+    for n in sorted({r.workers for r in scaling.values()}):
+        torchrun, ray = scaling[f"cpu_torchrun_ddp_n{n}"], scaling[f"cpu_ray_ddp_n{n}"]
+        ratio = (f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}"
+                 if torchrun.status == ray.status == "ok" else "-")
+        starts = ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-" for r in (torchrun, ray))
+        lines.append(f"| {n} | {n * results['threads_per_process']} | {images_per_s(torchrun)} | {images_per_s(ray)} | "
+                     f"{ratio} | {starts} |")
+    return lines + ["", f"Model {results['model']}, global batch {results['global_batch_size']}, {results['epochs']} "
+                        f"epochs of {results['cpu_steps_per_epoch']} steps; images/s is the mean of the epochs after "
+                        f"the first. The GPU hidden (CUDA_VISIBLE_DEVICES=''), OMP_NUM_THREADS="
+                        f"{results['threads_per_process']} in every process."]
+
+
+def images_per_s(run: Run) -> str:
+    if run.status != "ok":
+        return f"{run.status}: {run.skipped or run.error}"
+    return f"{steady_images_per_s(run.summary):,.0f}"
+
+
+# --- profile_steps.py's results.md and timeline.png --------------------------------------------------------------
+
+PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868",
+                "other": "#b0b0b0"}
+KIND_COLORS = {"all_reduce": "#c44e52", "all_gather": "#8172b3", "reduce_scatter": "#937860",
+               "broadcast": "#da8bc3"}
+
+
+def write_profile_report(results: dict, out: Path) -> Path | None:
+    """profile_steps.py's results.md and timeline.png in out, from its results.json and the traces beside it; returns
+    the timeline, None when no variant ran."""
+    (out / "results.md").write_text(profile_results_markdown(results))
+    ran = [v for v in results["variants"] if v["status"] == "ok"]
+    return draw_timeline(ran, out) if ran else None
+
+
+def profile_results_markdown(results: dict) -> str:
+    lines = [f"# Profiled training steps ({results['date']})", "",
+             f"Machine: {results['machine']}", "",
+             f"Command: `python benchmarks/{results['command']}` (code: commit {results['commit']})", "",
+             "Load average when each run started (other work on the machine slows it): " +
+             ", ".join(f"{v['name']} {v['load_average']:.1f}" for v in results["variants"]), "",
+             f"Milliseconds per optimizer step: the mean of {results['profile_steps']} steps after "
+             f"{results['warmup_steps']} warm-up steps. Communication: each collective's calls per step "
+             "and their milliseconds in all, as gloo's threads ran them (waits for the other rank included). "
+             "Overlapped: the communication time during which the training thread computed.", ""]
+    return "\n".join(lines + profile_table(results) + ["", PROFILE_NOTE]) + "\n"
+
+
+def profile_table(results: dict) -> list:
+    """A row per variant and rank; a failed variant's row gives its error."""
+    lines = ["| variant | rank | step | forward | backward | optimizer | other | communication per step | overlapped |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for v in results["variants"]:
+        if v["status"] != "ok":
+            lines.append(f"| {v['title']} | | {v['error']} | | | | | | |")
+        for rank in v["ranks"]:
+            lines.append(profile_row(v["title"], rank))
+    return lines
+
+
+def profile_row(title: str, rank: dict) -> str:
+    m = rank["mean"]
+    calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms"
+                      for kind, c in m["collectives"].items())
+    share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
+    phases = " | ".join(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES)
+    return (f"| {title} | {rank['rank']} | {phases} | {calls} | "
+            f"{m['overlapped_ms']:.1f} of {m['communication_ms']:.1f} ms ({share:.0%}) |")
+
+
+PROFILE_NOTE = (
+    "On CPUs each rank is a training thread plus gloo's threads, and the ranks share the cores. "
+    "DDP issues each gradient bucket's all-reduce during backward, which can overlap the rest of "
+    "backward. FSDP1 and FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they "
+    "issue it (no CUDA streams to overlap on), and gloo has no reduce-scatter: it all-reduces the "
+    "whole tensor and keeps its slice. A collective's time includes waiting for the slower rank.")
+
+
+def draw_timeline(variants: list, out: Path) -> Path:
+    """One training step per rank, lanes for compute and communication, a panel per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(len(variants), 1, figsize=(16, 1.3 + 1.3 * len(variants)), sharex=True,
+                             squeeze=False)
+    for ax, variant in zip(axes[:, 0], variants, strict=True):
+        draw_variant(ax, variant, out)
+    axes[-1, 0].set_xlabel("ms from the start of the step", fontsize=12)
+    kinds = {kind for v in variants for rank in v["ranks"] for kind in rank["mean"]["collectives"]}
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()] + [
+        Patch(color=c, label=k.replace("_", "-")) for k, c in KIND_COLORS.items() if k in kinds]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=11, frameon=False)
+    fig.text(0.5, 0.01, TIMELINE_CAPTION, ha="center", fontsize=10, color="#444444")
+    fig.tight_layout(rect=(0, 0.035, 1, 0.95))
+    path = out / "timeline.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+TIMELINE_CAPTION = ("compute: the training thread, solid while in an operator, pale while in the phase but "
+           "not computing (waiting, Python); comm: gloo's threads running collectives")
+
+
+def draw_variant(ax, variant: dict, out: Path) -> None:
+    """The same optimizer step on every rank: the one whose length is the median on rank 0."""
+    traces = [load_trace(out / rank["trace"]) for rank in variant["ranks"]]
+    steps = [profiled_steps(events) for events in traces]
+    chosen = sorted(range(len(steps[0])), key=lambda i: steps[0][i]["dur"])[len(steps[0]) // 2]
+    ranks = [step_parts(events, rank_steps[chosen])
+             for events, rank_steps in zip(traces, steps, strict=True)]
+    origin = min(parts["start"] for parts in ranks)
+    labels = []
+    for r, parts in enumerate(ranks):
+        compute_lane, comm_lane = 2 * r, 2 * r + 1
+        labels += [f"rank {r} compute", f"rank {r} comm"]
+        for phase, intervals in phase_spans(parts).items():  # pale: the phase, solid: computing
+            bars(ax, intervals, origin, compute_lane, PHASE_COLORS[phase], alpha=0.25)
+            bars(ax, clip(parts["compute"], intervals), origin, compute_lane, PHASE_COLORS[phase])
+        for kind, color in KIND_COLORS.items():
+            runs = [c["ran"] for c in parts["collectives"] if c["kind"] == kind and c["ran"]]
+            bars(ax, runs, origin, comm_lane, color)
+    ax.set_yticks(range(len(labels)), labels, fontsize=10)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_title(f"{variant['title']}: profiled step {chosen + 1} of {len(steps[0])}", loc="left",
+                 fontsize=13)
+    ax.tick_params(axis="x", labelsize=11)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def phase_spans(parts: dict) -> dict:
+    """The step's time by phase; what no phase covers is "other"."""
+    spans = {phase: parts[phase] for phase in ("forward", "backward", "optimizer")}
+    covered, other, cursor = sorted(i for v in spans.values() for i in v), [], parts["start"]
+    for start, end in covered:
+        if start > cursor:
+            other.append((cursor, start))
+        cursor = max(cursor, end)
+    return dict(spans, other=other + ([(cursor, parts["end"])] if cursor < parts["end"] else []))
+
+
+def clip(intervals: list, within: list) -> list:
+    return [(max(a, s), min(b, e)) for a, b in intervals for s, e in within if a < e and s < b]
+
+
+def bars(ax, intervals: list, origin: float, lane: int, color: str, alpha: float = 1.0) -> None:
+    if intervals:
+        ax.broken_barh([((s - origin) / 1000, (e - s) / 1000) for s, e in intervals],
+                       (lane - 0.4, 0.8), color=color, alpha=alpha, linewidth=0)
 
 
 # --- ray_overhead.py's results.md, one function per tool ---------------------------------------------------------
@@ -608,6 +812,31 @@ def report_latency_markdown(report: dict) -> str:
              "|---|---|---|---|"]
     lines += [f"| {r['interval_s']} | {r['metric_only_reports_s']:.1f} | {r['per_report_s']:.2f} | {r['fit_s']:.1f} |"
               for r in report["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+# --- compile_speed.py's results.md -------------------------------------------------------------------------------
+
+def compile_speed_markdown(results: dict) -> str:
+    """compile_speed.py's results.md: each round's images/s, and whether compiling pays for itself."""
+    eager, compiled = ([r for r in results["rows"] if r["mode"] == mode] for mode in ("eager", "compiled"))
+    lines = ["# torch.compile on the recipe's training step\n", f"`{results['command']}`\n",
+             f"Machine: {results['machine']}\n",
+             f"`{results['model']}`, batch {results['batch_size']}, {results['rows'][0]['threads']} threads, "
+             f"{results['steps']} steps per measurement after one warm-up step, each in a fresh process with an empty "
+             f"compile cache.\n",
+             "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
+             "|---|---|---|---|"]
+    for i, (e, c) in enumerate(zip(eager, compiled, strict=True), 1):
+        first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
+        lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
+    break_even = results["break_even_images"]
+    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / results['full_run_images']:.2f} of a "
+               f"10-epoch run)" if break_even else "never pays for itself: it trains no faster")
+    eager_speed, compiled_speed = results["eager_images_per_s"], results["compiled_images_per_s"]
+    lines += ["", f"Medians: eager {eager_speed:.0f} images/s, compiled {compiled_speed:.0f} images/s "
+              f"({compiled_speed / eager_speed:.3f}x), compiling (both graphs) {results['compile_s']:.1f} s. "
+              f"Compiling {verdict}."]
     return "\n".join(lines) + "\n"
 
 
@@ -700,8 +929,7 @@ def memory_slide(results: dict) -> list:
     """The memory lesson on a slide: DDP, FSDP1 and FSDP2 on 1, 2 and 4 workers, state per rank and outcome."""
     memory = {r.name: r for r in runs(results, "memory")}
     full = memory.get("memory_ddp_n1")
-    full_state = (sum(full.summary["memory_per_rank"][0][k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
-                  if full and full.status == "ok" else None)
+    full_state = state_mb(full.summary) if full and full.status == "ok" else None
     lines = ["| strategy | workers | state per rank | outcome |", "|---|---|---|---|"]
     for n in sorted({r.workers for r in memory.values()}):
         # One worker: FSDP2 holds what DDP does (its row is in the full table).
@@ -711,8 +939,7 @@ def memory_slide(results: dict) -> list:
             if r is None:
                 continue
             if r.status == "ok":
-                m = r.summary["memory_per_rank"][0]
-                state = sum(m[k] for k in ("params_mb", "grads_mb", "optimizer_mb"))
+                state = state_mb(r.summary)
                 outcome = f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB"
             else:
                 state = full_state if strategy == "DDP" else None  # DDP holds everything on every rank
@@ -754,16 +981,14 @@ def comparison_slide(results: dict) -> list:
     row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-")
 
     def giant(n):
-        r = memory.get({"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
-                        "ray_fsdp2": "memory_fsdp2_n2"}[n])
+        r = memory.get(GIANT_ON_TWO[n])
         if r is None:
             return "-"
         if r.status == "skipped":
             return "does not fit"
         if r.status != "ok":
             return "killed" if "OutOfMemory" in (r.error or "") else "failed"
-        m = r.summary["memory_per_rank"][0]
-        return f"{sum(m[k] for k in ('params_mb', 'grads_mb', 'optimizer_mb')) / 1024:.1f} GiB each"
+        return f"{state_mb(r.summary) / 1024:.1f} GiB each"
     row("`giant`, 2 ranks", giant)
     row("a crash", lambda n: {"ddp": "you rerun", "ray_ddp": "restarts", "ray_fsdp": "restarts",
                                "ray_fsdp2": "restarts"}[n])

@@ -1,5 +1,6 @@
 """Every published table in the documents is rendered from its results.json (benchmarks/tables.py): a table typed
 or edited by hand, or left behind when a results.json changed, fails here."""
+import gzip
 import json
 
 import pytest
@@ -49,15 +50,50 @@ def test_the_path_tables_minutes_are_one_epoch_whatever_the_epochs_the_benchmark
         f"{-int(-(10 + 60 + 30 + full_epoch - 100 * 120 / 200.0) // 60)} min")
 
 
-RAY_OVERHEAD = {"cpu_share_markdown": sorted(tables.PUBLISHED.glob("cpu-share*/**/ray_ddp*/results.json"))
-                + sorted(tables.PUBLISHED.glob("cpu-share*/**/torchrun_ddp*/results.json")),
-                "fit_processes_markdown": [tables.PUBLISHED / "ray-fit-processes" / "results.json"],
-                "report_latency_markdown": [tables.PUBLISHED / "report-latency" / "results.json"]}
+# The results.md that tables.py renders beside a published results.json (no document quotes them whole)
+RESULTS_MD = {"cpu_share_markdown": sorted(tables.PUBLISHED.glob("cpu-share*/**/ray_ddp*/results.json"))
+              + sorted(tables.PUBLISHED.glob("cpu-share*/**/torchrun_ddp*/results.json")),
+              "fit_processes_markdown": [tables.PUBLISHED / "ray-fit-processes" / "results.json"],
+              "report_latency_markdown": [tables.PUBLISHED / "report-latency" / "results.json"],
+              "profile_results_markdown": [tables.PUBLISHED / "profile" / "results.json"],
+              "steps_results_markdown": [tables.STEPS, tables.RECIPE]
+              + sorted(tables.PUBLISHED.glob("ray-vs-torchrun-epochs/*/results.json"))}
 
 
-@pytest.mark.parametrize("markdown, results", [(name, path) for name, paths in RAY_OVERHEAD.items() for path in paths],
+@pytest.mark.parametrize("markdown, results", [(name, path) for name, paths in RESULTS_MD.items() for path in paths],
                          ids=lambda p: str(p.relative_to(tables.PUBLISHED)) if hasattr(p, "relative_to") else p)
-def test_ray_overheads_published_results_md_is_its_results_json_rendered_now(markdown, results):
-    """benchmarks/ray_overhead.py's three tools wrote these before they were one; the renderer still reads them."""
+def test_a_published_results_md_is_its_results_json_rendered_now(markdown, results):
+    """ray_overhead.py's were written by three tools before they were one, and profile_steps.py's by itself before
+    tables.py drew it; the renderer still reads them, and draws compare_steps.py's as it did."""
     rendered = getattr(tables, markdown)(json.loads(results.read_text()))
     assert rendered == (results.parent / "results.md").read_text()
+
+
+def test_the_profile_timeline_and_table_are_drawn_from_the_traces(tmp_path):
+    """profile_steps.py's report from a hand-made trace of one DDP step on two ranks (the published traces are not
+    committed): the timeline, and a row per rank beside a failed variant's error."""
+    def event(name, start_ms, end_ms, thread=1):
+        return dict(ph="X", name=name, ts=start_ms * 1000, dur=(end_ms - start_ms) * 1000, tid=thread, pid=1)
+
+    trace = [event("ProfilerStep#2", 0, 100), event("DistributedDataParallel.forward", 10, 40),
+             event("aten::linear", 11, 39), event("autograd::engine::evaluate_function: MmBackward0", 45, 60),
+             event("aten::mm", 46, 59), event("c10d::allreduce_", 50, 51), event("gloo:all_reduce", 51, 75, thread=2),
+             event("Optimizer.step#AdamW.step", 88, 98)]
+    (tmp_path / "profile").mkdir()
+    for rank in (0, 1):
+        with gzip.open(tmp_path / "profile" / f"rank{rank}.json.gz", "wt") as f:
+            json.dump({"traceEvents": trace}, f)
+    ranks = load_script("benchmarks/trace_analysis.py").summarize(tmp_path)["ranks"]
+    variants = [dict(name="ddp", title="DDP (step 02)", status="ok", error=None, load_average=0.5, ranks=ranks),
+                dict(name="fsdp1", title="FSDP1 (step 03)", status="failed", error="FAILED (boom)", load_average=0.5,
+                     ranks=[])]
+    results = dict(date="2026-11-26", machine="a machine", command="profile_steps.py", commit="aaaaaaa",
+                   warmup_steps=2, profile_steps=1, variants=variants)
+    timeline = tables.write_profile_report(results, tmp_path)
+    assert timeline == tmp_path / "timeline.png" and timeline.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    table = (tmp_path / "results.md").read_text()
+    # forward from DDP's forward to backward, backward until the optimizer; overlapped: aten::mm while gloo ran
+    for rank in (0, 1):
+        assert (f"| DDP (step 02) | {rank} | 100 | 35 | 43 | 10 | 12 | all_reduce: 1 calls, 24.0 ms | "
+                f"8.0 of 24.0 ms (33%) |") in table
+    assert "| FSDP1 (step 03) | | FAILED (boom) | | | | | | |" in table
