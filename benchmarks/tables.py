@@ -990,8 +990,9 @@ def comparison_slide(results: dict) -> list:
             return "killed" if "OutOfMemory" in (r.error or "") else "failed"
         return f"{state_mb(r.summary) / 1024:.1f} GiB each"
     row("`giant`, 2 ranks", giant)
-    row("a crash", lambda n: {"ddp": "you rerun", "ray_ddp": "restarts", "ray_fsdp": "restarts",
-                               "ray_fsdp2": "restarts"}[n])
+    # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
+    row("a crash", lambda n: {"ddp": "all restart", "ray_ddp": "restarts",
+                               "ray_fsdp": "restarts", "ray_fsdp2": "restarts"}[n])
     first = next(iter(steps.values())).summary if steps else {}
     return lines + ["", f"{slide_measured_on(results)}: `{first.get('model')}`"]
 
