@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.meter import summary_of
 from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights, final_json,
                       latest_ray_checkpoint, registered_epoch)
 
@@ -170,7 +171,7 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
     print(f"\n{output.text()}\n{early_run['events']}")  # the timeline, with pytest -s
     assert early_run["returncode"] == 0, output.text()[-6000:]
     fixed = final_json(early_run["fixed"])
-    summary = json.loads([line for _, line in output.lines if line.startswith("{")][-1])
+    summary = summary_of(json.loads([line for _, line in output.lines if line.startswith("{")][-1]))
     # Every epoch trained once in the run's history, by 2 workers, then 1, then 2 again.
     history = [(h["epoch"], h["world_size"]) for h in summary["history"]]
     assert [epoch for epoch, _ in history] == list(range(1, EPOCHS + 1)), history
