@@ -41,7 +41,7 @@ class RunMeter:
         self.step, self.args, self.rank, self.device = step, args, rank, device
         self.folder = Path(run_folder)  # step 01's --checkpoint-dir, a Ray run's folder in its storage
         self.startup = dict(launcher=time.time())  # all that ran before train(): torchrun, or Ray and its workers
-        self.first_step_s, self.state_memory, self.profiler, self.start = None, {}, None, None
+        self.first_step_s, self.state_memory, self.profiler, self.start, self.params = None, {}, None, None, None
         self.hooks = [register_module_module_registration_hook(self.model_building),
                       register_module_forward_pre_hook(self.first_forward),
                       register_optimizer_step_post_hook(self.optimizer_stepped)]
@@ -71,18 +71,18 @@ class RunMeter:
         ranks = gather_from_ranks(dict(self.state_memory, peak_mb=peak_memory_mb(self.device), node=this_node()))
         if self.rank != 0 or "://" in self.args.checkpoint_dir:  # cloud storage: print_run_summary says so
             return
-        with torch.device("meta"):  # the whole model's count, whatever this rank holds of it
-            params = count_params(build_model(self.args.model))
         if self.start is None:  # this attempt's first summary: did it train the run's first epoch?
             earlier = self.folder / SUMMARY_FILE
             self.start = (json.loads(earlier.read_text()) if len(history) > 1 and earlier.exists() else dict(
                 time_to_first_step_s=self.first_step_s,
                 startup_s={phase: self.startup[phase] - self.args.launched for phase in STARTUP_PHASES}))
+            with torch.device("meta"):  # the whole model's count, whatever this rank holds of it: once
+                self.params = count_params(build_model(self.args.model))
         last, args = history[-1], self.args
         seconds = sum(h["epoch_time_s"] for h in history)
         summary = dict(
             step=self.step, world_size=last["world_size"], device=self.device.type, model=args.model,
-            params=params, data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
+            params=self.params, data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
             grad_accum_steps=args.grad_accum_steps, train_loss=last["train_loss"],
             test_accuracy=last["test_accuracy"],
             # every epoch of the run, those trained before a restart included
@@ -131,6 +131,5 @@ def headline(summary: dict) -> dict:
 
 
 def summary_of(last_line: dict) -> dict:
-    """For the benchmarks and the tests: the whole summary a step's JSON last line names (steps 05 and 06 print
-    theirs whole)."""
-    return json.loads(Path(last_line["summary"]).read_text()) if "summary" in last_line else last_line
+    """For the benchmarks and the tests: the whole summary (or step 05's report) that a step's JSON last line names."""
+    return json.loads(Path(last_line["summary"]).read_text())

@@ -64,10 +64,6 @@ class StepProfiler:
                                            repeat=1))
         self.profiler.start()
 
-    @property
-    def done(self) -> bool:
-        return self.profiler is None
-
     def step(self) -> None:
         if self.profiler is None:
             return
