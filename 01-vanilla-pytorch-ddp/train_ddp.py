@@ -76,7 +76,9 @@ def train(args, rank, world_size, master_process, device):
 
     checkpoint_path = Path(args.checkpoint_dir) / "checkpoint.pt"
     start_epoch, history = 0, []
-    if args.resume:
+    # torchrun --max-restarts N starts every rank again after a crash, from the top: we resume.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if args.resume or (restarted and checkpoint_path.exists()):
         state = load_checkpoint(checkpoint_path, args)
         raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -173,10 +173,11 @@ def cluster_main_error(cluster_driver, main_error):
     return cluster_main_error
 
 
-def run(cmd, timeout=180, **kwargs):
-    """Run a command from the repository root; return the CompletedProcess (text). A training step must name
-    its --model: no test depends on the default preset, which is chosen for 10-epoch runs, not for tests."""
-    return subprocess.run(cmd, **command_options(cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
+def run(cmd, timeout=180, env=None, **kwargs):
+    """Run a command from the repository root, with these variables added; return the CompletedProcess (text). A
+    training step must name its --model: no test depends on the default preset, which is chosen for 10-epoch runs,
+    not for tests."""
+    return subprocess.run(cmd, **command_options(cmd, env), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def start(cmd, stdout, stderr, env=None) -> subprocess.Popen:

@@ -9,10 +9,11 @@ from conftest import ROOT
 
 # (older script, newer script, most changed lines, lines that must be in the diff: the lesson itself)
 DESIGNED_PAIRS = [
-    ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 65,
+    ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 70,
      ["+    model = DistributedDataParallel(model)  # on a GPU: the device set_device chose",
+      '+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0',
       "+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():"]),
-    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 127,
+    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 132,
      ["+        ray.init(address=args.address, **init_options(args.address),",
       "+    model = ray.train.torch.prepare_model(model)",
       "+    train_loader = ray.train.torch.prepare_data_loader(train_loader)",

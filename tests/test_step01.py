@@ -8,7 +8,7 @@ import pytest
 from common.model import build_model, count_params
 from conftest import (ACCUMULATE, ROUNDING, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
                       collectives_per_step, final_json, checkpoint_weights, profile_summary, resumed_after,
-                      torchrun)
+                      ROOT, run, torchrun)
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
@@ -86,6 +86,36 @@ def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp
     resumed = torchrun(DDP, 2, *flags, "--resume")
     assert [h["epoch"] for h in final_json(resumed)["history"]] == [1, 2]
     assert_same_weights(checkpoint_weights(ddp_run[1]), checkpoint_weights(tmp_path))
+
+
+# torchrun's c10d rendezvous otherwise hands the restarted ranks the store of the ranks that died, where gloo can
+# read a dead rank's address (README: Restarts); the standalone launch is c10d on this machine.
+RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def test_torchrun_max_restarts_restarts_every_rank_and_they_resume_from_the_scripts_checkpoint(ddp_run, tmp_path):
+    """One command: rank 1 dies after epoch 1, torchrun starts both ranks again, they resume after epoch 1 and end
+    where an uninterrupted run ends, bit for bit."""
+    result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  "--max-restarts", "1", str(ROOT / DDP), *SMOKE, *ACCUMULATE, "--checkpoint-dir", str(tmp_path),
+                  "--fail-at-epoch", "1"], env=RESTARTABLE, timeout=150)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("simulated crash of rank 1 after epoch 1") == 1
+    assert result.stdout.count("parameters | data:") == 2  # rank 0's first line, once per start of the group
+    assert resumed_after(result.stdout) == [1]  # the restarted rank 0 resumed, after epoch 1
+    assert [h["epoch"] for h in final_json(result)["history"]] == [1, 2]
+    assert_same_weights(checkpoint_weights(ddp_run[1]), checkpoint_weights(tmp_path))
+
+
+def test_torchrun_restarts_work_only_without_a_shared_rendezvous_store(monkeypatch):
+    """The variable README's restart command sets is the one torch's c10d rendezvous reads (torch 2.14.1): were it
+    renamed, the restart above would pass by luck and fail in the room."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    handler = DynamicRendezvousHandler.__new__(DynamicRendezvousHandler)
+    assert handler.use_agent_store
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    assert not handler.use_agent_store
 
 
 def test_batch_that_does_not_split_over_ranks_is_one_line_from_rank_0_only():
