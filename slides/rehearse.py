@@ -16,8 +16,9 @@ command no longer parses with its step's own parser, or when a published rehears
 Each command runs as the deck shows it from the repository root, with four things added so that a rehearsal leaves
 the tree as it found it and reads the data it is given: --data-dir DIR (or --data synthetic) on the steps that read
 CIFAR-10, --checkpoint-dir and --out under the rehearsal's own folder, and a `checkpoints/` path of an earlier
-command rewritten to that folder. RAY_ADDRESS is unset: every Ray command starts its own Ray, as in the room. The
-load average before and after is recorded: on a shared machine it says how many other processes wanted the cores.
+command rewritten to that folder. RAY_ADDRESS is unset: every Ray command starts its own Ray, as in the room. Each
+run waits until the 1-minute load average is below 1 (nothing else wants the cores, as on an attendee's laptop), at
+most 10 minutes; the load at its start is recorded, and the load average before and after the rehearsal.
 
 Writes OUT/results.json (the machine as benchmarks/compare_steps.py describes it, the date, the commit, the load
 averages, and per command: its slide, slot, the command, what ran, the seconds it took, its exit code and the last
@@ -44,29 +45,31 @@ MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
 # In the deck's order: (the title of the slide the command is run on, the command as the deck shows it).
 REHEARSAL = [
     ("Step 01: the baseline",
-     "python 01-vanilla-pytorch-ddp/train_single_machine.py --epochs 1 --steps-per-epoch 30 --eval-images 1000"),
+     "python 01-vanilla-pytorch-ddp/train_single_machine.py --epochs 2 --steps-per-epoch 20 --lr 1e-3 "
+     "--eval-images 1000"),
     ("Step 01: DDP by hand, under torchrun",
      "diff -u 01-vanilla-pytorch-ddp/train_single_machine.py 01-vanilla-pytorch-ddp/train_ddp.py"),
     ("Your turn: step 01, DDP under torchrun",
-     "torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --epochs 1 --steps-per-epoch 30 "
+     "torchrun --nproc_per_node=2 01-vanilla-pytorch-ddp/train_ddp.py --epochs 2 --steps-per-epoch 20 --lr 1e-3 "
      "--eval-images 1000"),
     ("Step 02: Ray Train runs the same loop",
-     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 1 --steps-per-epoch 30 --eval-images 1000"),
+     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 2 --steps-per-epoch 20 --lr 1e-3 "
+     "--eval-images 1000"),
     ("Step 02: Ray Train runs the same loop",
      "diff -u 01-vanilla-pytorch-ddp/train_ddp.py 02-ray-train-ddp/train_ray_ddp.py"),
     ("Your turn: step 02, a crash and a restart",
-     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 2 --fail-at-epoch 1 --steps-per-epoch 10 "
-     "--eval-images 500"),
+     "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 2 --fail-at-epoch 1 --steps-per-epoch 20 "
+     "--lr 1e-3 --eval-images 1000"),
     ("Step 03: FSDP1, CPUs or GPUs",
      "diff -u 02-ray-train-ddp/train_ray_ddp.py 03-ray-train-fsdp/train_ray_fsdp.py"),
     ("Step 04: FSDP2 `fully_shard`",
      "diff -u 02-ray-train-ddp/train_ray_ddp.py 04-ray-train-fsdp2/train_ray_fsdp2.py"),
     ("Your turn: step 04, FSDP2 on two workers",
-     "python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 1 --steps-per-epoch 30 "
+     "python 04-ray-train-fsdp2/train_ray_fsdp2.py --num-workers 2 --epochs 2 --steps-per-epoch 20 --lr 1e-3 "
      "--eval-images 1000"),
     ("Step 05, live: a sweep cut to fit",
-     "python 05-ray-tune/tune_ray_ddp.py --num-workers 1 --num-samples 2 --epochs 2 --steps-per-epoch 10 "
-     "--eval-images 500"),
+     "python 05-ray-tune/tune_ray_ddp.py --num-workers 1 --num-samples 2 --epochs 2 --steps-per-epoch 20 "
+     "--lr 1e-3 --eval-images 500"),
     ("Your turn: step 06, classify with your model",
      "python 06-ray-data-inference/batch_inference.py --checkpoint checkpoints/ddp --actors 2 --eval-images 1000"),
 ]
@@ -157,6 +160,17 @@ def as_run(command: str, out: Path, data_dir: str | None) -> list:
     return words
 
 
+QUIET_BELOW = 1.0  # the 1-minute load average each run waits for: the cores its own, as in the room
+
+
+def wait_until_quiet(limit_s: float = 600) -> float:
+    """The 1-minute load average once it is below QUIET_BELOW, or as it is after limit_s (then recorded as such)."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= QUIET_BELOW and time.monotonic() < deadline:
+        time.sleep(5)
+    return round(os.getloadavg()[0], 2)
+
+
 @dataclass
 class Timed:
     slide: int
@@ -188,7 +202,8 @@ def rehearse(out: Path, data_dir: str | None, only: list | None = None) -> list:
         slide = slides.get(title) or Slide(0, title, 0, "")  # a title the deck lost: tests/test_rehearsal.py says
         words = as_run(command, out, data_dir)
         print(f"[{i}/{len(REHEARSAL)}] slide {slide.number} ({slide.minutes:g} min): {command}", flush=True)
-        load, start = round(os.getloadavg()[0], 2), time.monotonic()
+        load = round(os.getloadavg()[0], 2) if words[0] == "diff" else wait_until_quiet()
+        start = time.monotonic()
         done = subprocess.run(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seconds = time.monotonic() - start
         (out / "logs" / f"{i:02d}.log").write_text(f"$ {shlex.join(words)}\n{done.stdout}")

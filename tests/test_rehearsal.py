@@ -118,6 +118,12 @@ def test_every_published_time_fits_its_slot_in_the_deck_as_it_is():
     assert not over, "cut the runs or give them a longer slot:\n" + "\n".join(over)
 
 
+def test_every_published_run_started_with_the_cores_to_itself():
+    busy = [f"{c['command']}: load average {c['load_average_at_start']}" for c in published()["commands"]
+            if not c["command"].startswith("diff") and c["load_average_at_start"] >= rehearse.QUIET_BELOW]
+    assert not busy, "rehearse again on a quiet machine:\n" + "\n".join(busy)
+
+
 def quoted(slide) -> list:
     """The lines of the slide's ```text blocks."""
     return [line for block in re.findall(r"^```text\n(.*?)^```", slide.text, re.M | re.S)
