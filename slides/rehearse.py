@@ -8,10 +8,11 @@ in the deck's order, timed against its slot.
 --out gets results.json and results.md only; the runs' checkpoints, outputs and logs go to --work (default: a
 new temporary folder, kept, its path printed).
 
-A command's slot is the minutes of the slide it is run on (the "~N min" of that slide's presenter notes, read from
-slides/workshop.md at each run); the commands of one slide share it. REHEARSAL below lists the commands as the deck
-shows them; tests/test_rehearsal.py fails when the core shows a command that is not listed here, when a listed
-command no longer parses with its step's own parser, or when a published rehearsal took longer than a slot.
+A slide's time is its minutes (the "~N min" of its presenter notes, read from slides/workshop.md at each run). What
+fills it: the words on the slide and in its notes, said; its commands, typed and run; its diffs, walked through (the
+rates: slide_budget below). REHEARSAL lists the commands as the deck shows them; tests/test_rehearsal.py fails when
+the core shows a command that is not listed here, when a listed command no longer parses with its step's own parser,
+or when a core slide, its words as the deck has them now and its runs as published, outgrows its minutes.
 
 Each command runs as the deck shows it from the repository root, with four things added so that a rehearsal leaves
 the tree as it found it and reads the data it is given: --data-dir DIR (or --data synthetic) on the steps that read
@@ -138,6 +139,44 @@ def deck_commands(slide: Slide) -> list:
     return found
 
 
+# A core slide's time: its words (on the slide and in its notes) said at a presenter's pace, its commands typed and
+# run, and its diffs walked through. The rates are assumptions, stated here and in slides/README.md.
+WORDS_PER_MINUTE = 130  # a presenter's pace (120-150 is common); every word of the notes, said
+CHARACTERS_PER_MINUTE = 150  # a command copied from the slide by hand, about 30 words a minute
+DIFF_LINES_PER_SECOND = 4  # changed lines of a diff, scrolled and pointed at hunk by hunk
+
+
+def talk_words(slide: Slide) -> int:
+    """Words the presenter says: the slide's prose and tables, and its notes, less code, markers and Live: lines."""
+    notes = " ".join(re.findall(r"<!--(.*?)-->", slide.text, re.S))
+    notes = re.sub(r"^\s*(_\w+:.*|Live:.*|~\s*\d.*min)\s*$", "", notes, flags=re.M)
+    body = re.sub(r"```.*?```", "", re.sub(r"<!--.*?-->", "", slide.text, flags=re.S), flags=re.S)
+    return sum(any(c.isalnum() for c in word) for word in (notes + " " + body).split())  # not "#", "-", "|---|"
+
+
+def changed_lines(diff_command: str) -> int:
+    old, new = shlex.split(diff_command)[-2:]
+    out = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
+    return sum(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in out.splitlines())
+
+
+def slide_budget(slide: Slide, runs: list) -> dict:
+    """Seconds of talk, typing, runs and diffs for one core slide, given its commands' measured runs."""
+    commands = [r for r in runs if not r["command"].startswith("diff")]
+    diffs = [r["command"] for r in runs if r["command"].startswith("diff")]
+    parts = dict(talk_s=60 * talk_words(slide) / WORDS_PER_MINUTE,
+                 typing_s=sum(60 * len(r["command"]) / CHARACTERS_PER_MINUTE for r in commands),
+                 run_s=sum(r["seconds"] for r in commands),
+                 diff_s=sum(changed_lines(d) for d in diffs) / DIFF_LINES_PER_SECOND)
+    return dict(slide=slide.number, title=slide.title, slot_s=60 * slide.minutes,
+                **{k: round(v, 1) for k, v in parts.items()}, total_s=round(sum(parts.values()), 1))
+
+
+def budgets(slides: list, runs: list) -> list:
+    """slide_budget for every core slide."""
+    return [slide_budget(s, [r for r in runs if r["title"] == s.title]) for s in core(slides)]
+
+
 def script_of(words: list) -> str | None:
     return next((w for w in words if re.fullmatch(r"0\d-[\w-]+/\w+\.py", w)), None)
 
@@ -226,6 +265,13 @@ def results_markdown(results: dict) -> str:
         lines.append(f"| {c['slide']} {c['title']} | `{c['command']}` | {c['slot_min']:g} min | "
                      f"{c['seconds']:.1f} s{'' if c['ok'] else ', exit code ' + str(c['returncode'])} | "
                      f"{c['load_average_at_start']} |")
+    lines += ["", f"Per core slide: its words said at {WORDS_PER_MINUTE} a minute, its commands typed at "
+              f"{CHARACTERS_PER_MINUTE} characters a minute and run, its diffs walked through at "
+              f"{DIFF_LINES_PER_SECOND} changed lines a second; the sum against the slide's minutes.", "",
+              "| slide | talk | typing | runs | diffs | in all | its time |", "|---|---|---|---|---|---|---|"]
+    for b in results["slides"]:
+        lines.append(f"| {b['slide']} {b['title']} | {b['talk_s']:.0f} s | {b['typing_s']:.0f} s | {b['run_s']:.0f} s "
+                     f"| {b['diff_s']:.0f} s | {b['total_s']:.0f} s | {b['slot_s']:.0f} s |")
     lines += ["", "Made by `python slides/rehearse.py` (its docstring says what it adds to each command).", ""]
     for c in results["commands"]:
         if c["last_lines"] and not c["command"].startswith("diff"):
@@ -272,11 +318,12 @@ def main():
                    uptime_before=uptime, load_average_before=before,
                    load_average_after=[round(x, 2) for x in os.getloadavg()],
                    note=args.note, commands=[asdict(t) for t in timed])
+    results["slides"] = budgets(parse_deck(DECK.read_text()), results["commands"])
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "results.md").write_text(results_markdown(results))
-    over = [t for t in timed if t.seconds > 60 * t.slot_min or not t.ok]
+    over = [t for t in timed if not t.ok] + [b for b in results["slides"] if b["total_s"] > b["slot_s"]]
     print(f"wrote {args.out / 'results.json'}; " + (f"{len(over)} over their slot or failed" if over
-                                                     else "every command within its slot"))
+                                                     else "every slide within its minutes"))
 
 
 if __name__ == "__main__":

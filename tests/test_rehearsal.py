@@ -118,6 +118,24 @@ def test_every_published_time_fits_its_slot_in_the_deck_as_it_is():
     assert not over, "cut the runs or give them a longer slot:\n" + "\n".join(over)
 
 
+def test_every_core_slide_fits_its_minutes_with_its_words_said_and_its_commands_typed_and_run():
+    """The deck as it is now against the published runs: a note that grows, or a run that slows, fails here."""
+    over = [f"slide {b['slide']} ({b['title']}): {b['total_s']:.0f} s (talk {b['talk_s']:.0f}, typing "
+            f"{b['typing_s']:.0f}, runs {b['run_s']:.0f}, diffs {b['diff_s']:.0f}) in {b['slot_s']:.0f} s"
+            for b in rehearse.budgets(SLIDES, published()["commands"]) if b["total_s"] > b["slot_s"]]
+    assert not over, "cut the words or the runs, or give the slide more minutes:\n" + "\n".join(over)
+
+
+def test_a_slide_budget_counts_the_notes_the_typing_the_run_and_the_diff():
+    slide = rehearse.Slide(1, "A", 1, "# A\n\n- two words\n\n<!--\nthree more words\nLive: x\n~1 min\n-->")
+    assert rehearse.talk_words(slide) == 3 + 3  # "A two words", "three more words": not "#", "-", Live:, minutes
+    diff = "diff -u 01-vanilla-pytorch-ddp/train_single_machine.py 01-vanilla-pytorch-ddp/train_ddp.py"
+    budget = rehearse.slide_budget(slide, [dict(command="python x.py", seconds=40.0), dict(command=diff, seconds=0)])
+    assert budget["typing_s"] == round(60 * len("python x.py") / rehearse.CHARACTERS_PER_MINUTE, 1)
+    assert budget["run_s"] == 40.0 and budget["diff_s"] == round(rehearse.changed_lines(diff) / 4, 1) > 10
+    assert budget["total_s"] > budget["slot_s"] == 60
+
+
 def test_every_published_run_started_with_the_cores_to_itself():
     busy = [f"{c['command']}: load average {c['load_average_at_start']}" for c in published()["commands"]
             if not c["command"].startswith("diff") and c["load_average_at_start"] >= rehearse.QUIET_BELOW]
