@@ -4,6 +4,7 @@ in the deck's order, timed against its slot.
     python slides/rehearse.py --out /tmp/rehearsal                       # synthetic data
     python slides/rehearse.py --data-dir DIR --out /tmp/rehearsal        # real CIFAR-10, as the room runs it
     python slides/rehearse.py --list                                     # the commands and their slots, no run
+    python slides/rehearse.py --handout --out benchmarks/published/rehearsal   # slides/handout.md from a rehearsal
 
 --out gets results.json and results.md only; the runs' checkpoints, outputs and logs go to --work (default: a
 new temporary folder, kept, its path printed).
@@ -279,6 +280,31 @@ def results_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+HANDOUT = ROOT / "slides" / "handout.md"
+# The lines of a run's output that say it is healthy; the rest of what it prints is cut (`...`).
+HEALTHY = re.compile(r"^(epoch \d+/\d+ \||resumed from |accuracy |[\d,]+ images in |trial \S+ \(.*epoch|"
+                     r"trial \S+: stopped|Best: |memory per rank|rank \d+ +\||.*A worker died)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def handout_markdown(results: dict) -> str:
+    """Every command of the core in the deck's order, who runs it, the lines a healthy run prints, and its time."""
+    lines = ["# Handout: the workshop's commands, in order", "",
+             "From the repository root, in the venv of README's first command. With each: the lines a healthy run "
+             "prints (the rest cut), and how long it took in the rehearsal on "
+             f"{results['machine']} ({results['date']}, each run started at a 1-minute load average below 1). "
+             "Your machine prints the same lines up to float rounding, in its own time.", ""]
+    for c in results["commands"]:
+        who = "you" if c["title"].startswith("Your turn") else "the presenter (follow along if you like)"
+        lines += [f"## Slide {c['slide']}: {c['title']}", "", f"Run by {who}; {c['seconds']:.0f} s.", "",
+                  "```bash", c["command"], "```", ""]
+        healthy = [re.sub(r"/\S*/checkpoints/", ".../checkpoints/", ANSI.sub("", line))
+                   for line in c["last_lines"] if HEALTHY.match(ANSI.sub("", line))]
+        if healthy:
+            lines += ["```text", *healthy, "```", ""]
+    return "\n".join(lines)
+
+
 def machine() -> tuple:
     """The machine and the code, as benchmarks/compare_steps.py records them for its runs."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -296,7 +322,12 @@ def main():
     parser.add_argument("--only", type=int, nargs="+", help="run only these commands (numbers from --list)")
     parser.add_argument("--note", default="", help="a line for results.md, such as who else used the machine")
     parser.add_argument("--list", action="store_true", help="print the commands and their slots, run nothing")
+    parser.add_argument("--handout", action="store_true", help=f"write {HANDOUT.relative_to(ROOT)} from "
+                                                                "OUT/results.json, run nothing")
     args = parser.parse_args()
+    if args.handout:
+        HANDOUT.write_text(handout_markdown(json.loads((args.out / "results.json").read_text())))
+        return
     if args.list:
         slides = {s.title: s for s in core(parse_deck(DECK.read_text()))}
         for i, (title, command) in enumerate(REHEARSAL, 1):

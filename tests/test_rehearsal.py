@@ -179,3 +179,23 @@ def test_what_a_slide_says_a_run_prints_is_what_the_published_rehearsal_printed(
     assert not wrong, f"slide {slide.number} ({slide.title}) quotes lines its command did not print in the " \
                       f"published rehearsal (copy them from benchmarks/published/rehearsal/results.md):\n" + \
                       "\n".join(wrong)
+
+
+def test_the_handout_is_the_published_rehearsal():
+    handout = ROOT / "slides" / "handout.md"
+    assert handout.read_text() == rehearse.handout_markdown(published()), \
+        "run python slides/rehearse.py --handout --out benchmarks/published/rehearsal"
+    for c in published()["commands"]:
+        assert f"```bash\n{c['command']}\n```" in handout.read_text()
+
+
+def test_the_handout_keeps_the_lines_that_say_a_run_is_healthy():
+    results = dict(machine="M", date="D", commands=[dict(
+        slide=15, title="Your turn: step 02", seconds=37.5, command="python x.py", last_lines=[
+            "model hybrid: ...", "epoch 1/2 | 2 processes | train loss 2.2695 | test acc 17.20% | 5.0 s",
+            "\x1b[33m(raylet)\x1b[0m A worker died or was killed", "Error in training function: RuntimeError: x",
+            "resumed from /tmp/w/checkpoints/ray_ddp/r/checkpoint_1 after epoch 1", '{"step": "ray_ddp"}'])])
+    text = rehearse.handout_markdown(results)
+    assert "Run by you; 38 s." in text
+    assert ("```text\nepoch 1/2 | 2 processes | train loss 2.2695 | test acc 17.20% | 5.0 s\n(raylet) A worker died or "
+            "was killed\nresumed from .../checkpoints/ray_ddp/r/checkpoint_1 after epoch 1\n```") in text
