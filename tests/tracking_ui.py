@@ -6,7 +6,8 @@ Makes a tracked run (02-ray-train-ddp/train_ray_ddp_with_mlflow.py: 3 epochs of 
 data, 2 workers, into a temporary store), or takes one: --tracking-uri URI, and --run RAY_RUN_NAME (default: the
 store's newest run of step 02). Then starts `mlflow ui` on a free local port against that store, loads the run's
 pages in headless Chromium (driven over its DevTools protocol), waits until the React app shows the run's name,
-every parameter, the last test_accuracy and one point per epoch on the test_accuracy chart, and saves
+a row per parameter (its name, then its value; a row it never logged is not found) and the last test_accuracy
+after its name, and one point per epoch on the test_accuracy chart, and saves
 screenshot.png (the run's charts above its overview) and results.md into --out. Exits 1 if anything is missing.
 
 Needs the full mlflow package (requirements.txt; mlflow-skinny has no UI) and Chromium (`apt-get install
@@ -176,16 +177,18 @@ async def check_pages(browser, base: str, experiment_id: str, run, timeout: floa
     await browser.js("; ".join(f"localStorage.setItem({json.dumps(key)}, {json.dumps(value)})"
                                for key, value in UI_SETTINGS.items()))
     run_page = f"{base}#/experiments/{experiment_id}/runs/{run.info.run_id}"
-    accuracy = str(run.data.metrics.get("test_accuracy"))
-    # Every parameter's name and value, the run's name, the last test accuracy: on the overview.
-    overview = [run.info.run_name, "Parameters", "test_accuracy", accuracy,
-                *sorted({text for item in run.data.params.items() for text in item})]
+    # On the overview, as its tables' rows: each parameter's name then its value, the last test accuracy after its
+    # name (a value alone, such as "1" or "tiny", would be found anywhere on the page). And the run's name.
+    pairs = [["test_accuracy", str(run.data.metrics.get("test_accuracy"))], *map(list, sorted(run.data.params.items()))]
+    absent = ["epochs", str(int(run.data.params["epochs"]) + 1)]  # a row the page does not have: the check must fail it
+    shown = (r'(pair => new RegExp("(^|\\s)" + pair.map(w => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"))'
+             r'.join("\\s+") + "(\\s|$)").test(document.body.innerText))')
+    shows_all = (f"document.body.innerText.includes({json.dumps(run.info.run_name)}) && "
+                 f"{json.dumps(pairs)}.every({shown})")
     # The test_accuracy chart, with one point per epoch: on the run's Model metrics tab.
     points = ('[...document.querySelectorAll("[data-testid=experiment-view-compare-runs-card]")]'
               '.filter(card => card.innerText.includes("test_accuracy"))'
               '.map(card => card.querySelectorAll("path.point").length)[0] || 0')
-    shows_all = ("(() => { const text = document.body.innerText;"
-                 f" return {json.dumps(overview)}.every(w => text.includes(w)) ? text : null }})()")
     pages = [("charts", run_page + "/model-metrics", f"{points} >= {run.epochs}"),
              ("overview", run_page, shows_all)]
     report = dict(screenshots=[], missing=[], seconds={})
@@ -198,8 +201,10 @@ async def check_pages(browser, base: str, experiment_id: str, run, timeout: floa
             drawn_points = await browser.js(points)
             report["missing"].append(f"{run.epochs} points on the test_accuracy chart (drawn: {drawn_points})")
         else:
-            text = await browser.js("document.body.innerText")
-            report["missing"] += [f"{w!r} on the overview" for w in overview if w not in text]
+            report["missing"] += [f"{' '.join(pair)!r} on the overview" for pair in pairs
+                                  if not await browser.js(f"{shown}({json.dumps(pair)})")]
+        if name == "overview" and await browser.js(f"{shown}({json.dumps(absent)})"):
+            report["missing"].append(f"nothing: the check found {' '.join(absent)!r}, which the run never logged")
         await asyncio.sleep(1)  # let the charts finish their transitions
         shot = await browser("Page.captureScreenshot", format="png")
         report["screenshots"].append(base64.b64decode(shot["data"]))
