@@ -179,7 +179,9 @@ async def check_pages(browser, base: str, experiment_id: str, run, timeout: floa
     run_page = f"{base}#/experiments/{experiment_id}/runs/{run.info.run_id}"
     # On the overview, as its tables' rows: each parameter's name then its value, the last test accuracy after its
     # name (a value alone, such as "1" or "tiny", would be found anywhere on the page). And the run's name.
-    pairs = [["test_accuracy", str(run.data.metrics.get("test_accuracy"))], *map(list, sorted(run.data.params.items()))]
+    accuracy = run.data.metrics["test_accuracy"]
+    accuracy = str(int(accuracy)) if accuracy.is_integer() else repr(accuracy)  # as JavaScript writes it: 1, not 1.0
+    pairs = [["test_accuracy", accuracy], *map(list, sorted(run.data.params.items()))]
     absent = ["epochs", str(int(run.data.params["epochs"]) + 1)]  # a row the page does not have: the check must fail it
     shown = (r'(pair => new RegExp("(^|\\s)" + pair.map(w => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"))'
              r'.join("\\s+") + "(\\s|$)").test(document.body.innerText))')
@@ -275,8 +277,9 @@ def results_markdown(report: dict, run, made: dict | None, ui_seconds: float, ch
         f"The run: {source}. MLflow run `{run.info.run_name}` (tag `{RAY_RUN_TAG}`), {run.epochs} epochs logged, "
         f"{report['parameters']} parameters.", "",
         f"`mlflow ui --workers 1` answered after {ui_seconds:.0f} s; headless Chromium {drawn}. Checked: the "
-        f"run's name, every parameter's name and value, the last test_accuracy, and one point per epoch on the "
-        f"test_accuracy chart: {checked}.", "",
+        f"run's name, a row per parameter (its name, then its value) and the last test_accuracy after its name "
+        f"(a row the run never logged is not found), and one point per epoch on the test_accuracy chart: "
+        f"{checked}.", "",
         "`screenshot.png`: above, the run's Model metrics tab (one chart per metric, a point per epoch); below, "
         "its overview (the last value of each metric, the parameters, the tag that ties it to its Ray run).", ""])
 
