@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def init_options(address: str) -> dict:
     PreemptionWatcher (it watches for spot instances being drained; its start-up line looks like an error)."""
     if address not in ("local", "auto"):
         check_reachable(address)
+        explain_a_refused_driver(address)
     os.environ.setdefault(PRINT_PATCH, "0")
     # Every ray.train.report waits for the controller's next poll of the workers: every 2 s by default.
     os.environ.setdefault(POLL_INTERVAL, str(POLL_INTERVAL_S))
@@ -144,6 +146,30 @@ def check_reachable(address: str) -> None:
     except (OSError, ValueError) as e:
         raise fail(f"no Ray cluster answers at --address {address} ({e}); start one with `ray start --head` "
                    f"there, or leave --address out to start one on this machine")
+
+
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray 2.60's token authentication: "token" on every node and driver, or "disabled"
+
+
+def explain_a_refused_driver(address: str) -> None:
+    """A head that has a token (~/.ray/auth_token) refuses every connection without it, and ray.init then ends, after
+    about 20 s of retries, in "Failed to connect to Ray cluster": said here in one line, with the fix."""
+    if AUTH_MODE in os.environ:
+        return
+    shown = sys.excepthook
+
+    def one_line(kind, error, traceback):
+        last = traceback
+        while last and last.tb_next:
+            last = last.tb_next
+        if issubclass(kind, ConnectionError) and last and last.tb_frame.f_code.co_name == "init":
+            print(f"error: the Ray cluster at --address {address} refused this driver ({error}); if its head "
+                  f"uses token authentication, set {AUTH_MODE}=token here and copy the head's ~/.ray/auth_token "
+                  f"to this machine's ~/.ray/ (README: Running on a cluster)", file=sys.stderr)
+        else:
+            shown(kind, error, traceback)
+
+    sys.excepthook = one_line
 
 
 def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:

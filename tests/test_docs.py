@@ -292,8 +292,9 @@ def test_the_install_and_the_test_commands_state_their_cost():
     assert re.search(r"\d+ s on a .*2-core machine", start), "install: how long it took"
     # Without an NVIDIA GPU: one block, in the order that keeps the CUDA libraries out (the CPU wheels, in the venv,
     # before the requirements that would pull PyPI's torch).
+    cpu_wheels = re.escape("https://download.pytorch.org/whl/cpu")
     assert re.search(r"```bash\npython3 -m venv \.venv && \. \.venv/bin/activate\n"
-                     r"pip install torch==\S+ torchvision==\S+ --index-url https://download\.pytorch\.org/whl/cpu\n"
+                     rf"pip install torch==\S+ torchvision==\S+ --index-url {cpu_wheels}\n"
                      r"pip install -r requirements\.txt", start), "install: PyTorch's CPU wheels, in one block"
     assert re.search(r"`python -m pytest -m smoke`,\s+every script once in about \d+ min", start)
     assert re.search(r"whole suite, below, took \d+( to \d+)? min", start), "the tests: how long the suite takes"
