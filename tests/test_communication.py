@@ -1,0 +1,106 @@
+"""What one optimizer step puts into collectives, counted on 2 gloo processes of `tiny`: DDP all-reduces every
+gradient once; FSDP2, sharded by step 04's own shard_model, all-gathers every weight in forward, the blocks' again in
+backward (the root stays gathered), and reduce-scatters every gradient. Step 04's README states the bytes per step
+for `hybrid` from these counts and the ring algorithms' factors; the test holds its table to them."""
+import math
+import re
+import time
+from collections import Counter
+from datetime import timedelta
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from common.model import TRANSFORMER_BLOCK, build_model, count_params
+from conftest import ROOT, free_port, load_script
+
+WORLD_SIZE = 2
+TIMEOUT_S = 60  # the collectives' deadline, and each process's
+
+
+def one_step(rank: int, strategy: str, port: int, counts: dict) -> None:
+    """A process of the pair: one optimizer step of `tiny`, counting the bytes handed to each kind of collective."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    sent = Counter()
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    if strategy == "ddp":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        model = torch.nn.parallel.DistributedDataParallel(model)
+
+        def counted_allreduce(state, bucket):
+            sent["all_reduce"] += bucket.buffer().nbytes
+            return allreduce_hook(state, bucket)
+        model.register_comm_hook(dist.group.WORLD, counted_allreduce)
+    else:
+        gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
+
+        def all_gather_single(output, input, *args, **kwargs):
+            sent["all_gather"] += output.nbytes  # the whole of what is gathered
+            return gather(output, input, *args, **kwargs)
+
+        def reduce_scatter_single(output, input, *args, **kwargs):
+            sent["reduce_scatter"] += input.nbytes  # the whole of what is reduced
+            return scatter(output, input, *args, **kwargs)
+        dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+        step04 = load_script("04-ray-train-fsdp2/train_ray_fsdp2.py")
+        flags = SimpleNamespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True)  # the defaults
+        step04.shard_model(model, flags, torch.device("cpu"))
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    torch.nn.functional.cross_entropy(model(images), labels).backward()
+    counts[rank] = dict(sent)
+    dist.destroy_process_group()
+
+
+def counted(strategy: str) -> dict:
+    counts = mp.Manager().dict()
+    context = mp.start_processes(one_step, args=(strategy, free_port(), counts), nprocs=WORLD_SIZE, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 2 * TIMEOUT_S
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # True once both have exited, cleanly
+        assert time.monotonic() < deadline, f"{strategy}: the pair did not finish in {2 * TIMEOUT_S} s"
+    assert counts[0] == counts[1], "both ranks send the same"
+    return counts[0]
+
+
+def test_ddp_all_reduces_every_gradient_once_per_step():
+    assert counted("ddp") == {"all_reduce": 4 * count_params(build_model("tiny"))}
+
+
+def fsdp2_bytes(model, world_size: int) -> tuple:
+    """The fp32 bytes of the whole model and of its blocks as FSDP2 holds them: each parameter split evenly on dim 0,
+    padded to a multiple of the number of ranks (tiny's class token and position embedding, 1 row each)."""
+    def padded(p):
+        return math.ceil(p.shape[0] / world_size) * world_size * p[0].numel() * p.element_size()
+    blocks = [m for m in model.modules() if isinstance(m, TRANSFORMER_BLOCK)]
+    return sum(map(padded, model.parameters())), sum(padded(p) for m in blocks for p in m.parameters())
+
+
+def test_fsdp2_gathers_the_weights_twice_but_the_roots_and_reduce_scatters_every_gradient():
+    whole, blocks = fsdp2_bytes(build_model("tiny"), WORLD_SIZE)
+    assert counted("fsdp2") == {"all_gather": whole + blocks, "reduce_scatter": whole}
+
+
+def per_step_megabytes(preset: str, world_size: int) -> dict:
+    """What each rank sends per optimizer step, fp32, from the counts above and the ring algorithms: an all-reduce
+    sends 2 (N-1)/N of its buffer, an all-gather or a reduce-scatter (N-1)/N. gloo has no reduce-scatter: FSDP on
+    CPUs all-reduces the gradients and keeps its slice."""
+    model = build_model(preset)
+    share = (world_size - 1) / world_size
+    whole, blocks = fsdp2_bytes(model, world_size)
+    return dict(ddp=2 * share * 4 * count_params(model) / 1e6, fsdp=share * (2 * whole + blocks) / 1e6,
+                gloo_fsdp=share * (3 * whole + blocks) / 1e6)
+
+
+def test_step_04s_readme_states_the_bytes_per_step_these_counts_give():
+    readme = (ROOT / "04-ray-train-fsdp2" / "README.md").read_text()
+    stated = re.search(r"<!-- communication -->\n(.*?)<!-- /communication -->", readme, re.S).group(1)
+    mb = per_step_megabytes("hybrid", 2)
+    assert f"| DDP | all-reduce of every gradient | {mb['ddp']:.1f} MB |" in stated
+    assert f"| FSDP (NCCL) | all-gather twice, reduce-scatter once | {mb['fsdp']:.1f} MB " \
+           f"({mb['fsdp'] / mb['ddp']:.2f}x) |" in stated
+    assert f"| FSDP (gloo: reduce-scatter as all-reduce) | | {mb['gloo_fsdp']:.1f} MB " \
+           f"({mb['gloo_fsdp'] / mb['ddp']:.2f}x) |" in stated
