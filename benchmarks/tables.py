@@ -815,31 +815,6 @@ def report_latency_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- compile_speed.py's results.md -------------------------------------------------------------------------------
-
-def compile_speed_markdown(results: dict) -> str:
-    """compile_speed.py's results.md: each round's images/s, and whether compiling pays for itself."""
-    eager, compiled = ([r for r in results["rows"] if r["mode"] == mode] for mode in ("eager", "compiled"))
-    lines = ["# torch.compile on the recipe's training step\n", f"`{results['command']}`\n",
-             f"Machine: {results['machine']}\n",
-             f"`{results['model']}`, batch {results['batch_size']}, {results['rows'][0]['threads']} threads, "
-             f"{results['steps']} steps per measurement after one warm-up step, each in a fresh process with an empty "
-             f"compile cache.\n",
-             "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
-             "|---|---|---|---|"]
-    for i, (e, c) in enumerate(zip(eager, compiled, strict=True), 1):
-        first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
-        lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
-    break_even = results["break_even_images"]
-    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / results['full_run_images']:.2f} of a "
-               f"10-epoch run)" if break_even else "never pays for itself: it trains no faster")
-    eager_speed, compiled_speed = results["eager_images_per_s"], results["compiled_images_per_s"]
-    lines += ["", f"Medians: eager {eager_speed:.0f} images/s, compiled {compiled_speed:.0f} images/s "
-              f"({compiled_speed / eager_speed:.3f}x), compiling (both graphs) {results['compile_s']:.1f} s. "
-              f"Compiling {verdict}."]
-    return "\n".join(lines) + "\n"
-
-
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
 
 SLIDE_RUN_NAMES = {

@@ -148,25 +148,6 @@ def test_ray_fit_processes_names_each_process_by_the_actor_it_ran():
     assert role(["raylet"]) == "raylet"
 
 
-def test_compile_speed_charges_both_compilations_and_says_when_compiling_never_pays(tmp_path):
-    write = load_script("benchmarks/compile_speed.py").write
-
-    def row(mode, images_per_s, first_step_s, first_evaluation_s):
-        return dict(mode=mode, images_per_s=images_per_s, first_step_s=first_step_s,
-                    first_evaluation_s=first_evaluation_s, threads=2)
-
-    args = argparse.Namespace(rounds=1, steps=40, batch_size=128, model="tiny", out=tmp_path)
-    write([row("eager", 100.0, 1.0, 0.5), row("compiled", 125.0, 41.0, 10.5)], args)
-    summary = json.loads((tmp_path / "results.json").read_text())
-    assert summary["compile_s"] == pytest.approx(50.0)  # 40 s more for the first step, 10 s for the first evaluation
-    assert summary["break_even_images"] == pytest.approx(50.0 / (1 / 100 - 1 / 125))  # 25,000 images
-    assert "pays for itself after 25,000 images (0.05 of a 10-epoch run)" in (tmp_path / "results.md").read_text()
-
-    write([row("eager", 100.0, 1.0, 0.5), row("compiled", 99.0, 41.0, 10.5)], args)
-    assert json.loads((tmp_path / "results.json").read_text())["break_even_images"] is None
-    assert "never pays for itself" in (tmp_path / "results.md").read_text()
-
-
 def test_a_single_run_gets_no_comparisons_heading():
     results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
     table = load_script("benchmarks/tables.py").steps_results_markdown(results)
