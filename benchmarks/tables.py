@@ -57,11 +57,6 @@ RUN_NAMES = {
 }
 
 
-def load(path: Path) -> dict | Path:
-    """A results.json, read; a folder (a study of several runs, each with its own results.json) as it is."""
-    return json.loads(path.read_text()) if path.is_file() else path
-
-
 def runs(results: dict, section: str) -> list:
     return [Run(**r) for r in results["runs"] if r["section"] == section]
 
@@ -289,52 +284,6 @@ def tune_sweep(results: dict) -> list:
         stopped = " (ASHA)" if t["stopped_early"] else ""
         lines.append(f"| `{t['searched']}`{recipe_mark} | {best} | {t['epochs_run']}{stopped} |")
     return lines + ["", f"{results['cluster']}; {results['wall_time_s']:.0f} s in all."]
-
-
-def ray_vs_torchrun_epochs(folder: Path) -> list:
-    """Six runs of the steps table's two DDP rows (and Ray's default poll in the last three), a folder each."""
-    lines = ["| run, in order | epochs | torchrun DDP img/s | Ray DDP img/s | Ray / torchrun |"
-             " Ray DDP, 2 s poll, img/s | 2 s poll / torchrun |", "|---|---|---|---|---|---|---|"]
-    for run in sorted(p for p in folder.iterdir() if (p / "results.json").is_file()):
-        results = load(run / "results.json")
-        speed = {r.name: steady_images_per_s(r.summary) for r in ok_runs(results, "steps").values()}
-        ddp, ray, poll = speed["ddp"], speed["ray_ddp"], speed.get("ray_ddp_poll_2s")
-        lines.append(f"| `{run.name}/` | {ok_runs(results, 'steps')['ddp'].summary['epochs']} | {ddp:.1f} | "
-                     f"{ray:.1f} | {ray / ddp:.3f} | " + (f"{poll:.1f} | {poll / ddp:.3f} |" if poll else "| |"))
-    return lines
-
-
-NICENESS_RUNS = [("torchrun_ddp", "torchrun DDP", "n/a"), ("ray_ddp", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0", "Ray DDP", "0"), ("ray_ddp_2", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0_2", "Ray DDP", "0"), ("ray_ddp_3", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0_3", "Ray DDP", "0"), ("torchrun_ddp_2", "torchrun DDP", "n/a")]
-
-
-def cpu_share_niceness(folder: Path) -> list:
-    """CPU-share runs of torchrun DDP and Ray DDP at Ray's worker niceness and at 0, in order."""
-    lines = ["| run, in order | launcher | workers' nice | optimizer steps/s | training threads (cores) |"
-             " kernel took a training thread's core (per s) | other processes (cores) |",
-             "|---|---|---|---|---|---|---|"]
-    for run, launcher, nice in NICENESS_RUNS:
-        r = load(folder / run / "results.json")
-        threads = [p["training_thread"] for p in r["training_processes"]]
-        taken = ", ".join(f"{t['involuntary_switches_per_s']:.0f}" for t in threads)
-        lines.append(f"| `{run}/` | {launcher} | {nice} | {r['steps_per_s']:.3f} | "
-                     f"{sum(t['cores'] for t in threads):.3f} | {taken} | "
-                     f"{sum(p['cores'] for p in r['other_processes']):.3f} |")
-    return lines
-
-
-def suite_time_cores(folder: Path) -> list:
-    """The cores a test-suite run kept busy, from its .proc-stat file: a line a second, the time, then /proc/stat's
-    first line (USER_HZ ticks)."""
-    lines = ["| readings | seconds | core-seconds busy | cores busy on average |", "|---|---|---|---|"]
-    for path in sorted(folder.glob("*.proc-stat")):
-        rows = [line.split() for line in path.read_text().splitlines()]
-        busy = [sum(map(int, row[2:12])) - int(row[5]) - int(row[6]) for row in rows]  # all but idle and iowait
-        seconds, core_seconds = float(rows[-1][0]) - float(rows[0][0]), (busy[-1] - busy[0]) / 100
-        lines.append(f"| `{path.name}` | {seconds:.0f} | {core_seconds:.0f} | {core_seconds / seconds:.2f} |")
-    return lines
 
 
 # --- compare_steps.py's results.md and plots -------------------------------------------------------------------
@@ -1060,9 +1009,6 @@ TABLES = {
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
-    "ray-vs-torchrun-epochs": (PUBLISHED / "ray-vs-torchrun-epochs", ray_vs_torchrun_epochs),
-    "cpu-share-niceness": (PUBLISHED / "cpu-share-niceness", cpu_share_niceness),
-    "suite-time-cores": (PUBLISHED / "suite-time", suite_time_cores),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01",)), ("02", ("02", "02-hang")), ("04", ("04", "04-accumulate")), ("05", ("05",)),
         ("06", ("06",))]},
@@ -1075,7 +1021,7 @@ def render(name: str) -> str:
     if not path.exists():
         return (f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in "
                 f"benchmarks/README.md, section Maintainers.\n")
-    return "\n".join(table(load(path))) + "\n"
+    return "\n".join(table(json.loads(path.read_text()))) + "\n"
 
 
 def documents() -> list:

@@ -56,8 +56,7 @@ RESULTS_MD = {"cpu_share_markdown": sorted(tables.PUBLISHED.glob("cpu-share*/**/
               "fit_processes_markdown": [tables.PUBLISHED / "ray-fit-processes" / "results.json"],
               "report_latency_markdown": [tables.PUBLISHED / "report-latency" / "results.json"],
               "profile_results_markdown": [tables.PUBLISHED / "profile" / "results.json"],
-              "steps_results_markdown": [tables.STEPS, tables.RECIPE]
-              + sorted(tables.PUBLISHED.glob("ray-vs-torchrun-epochs/*/results.json"))}
+              "steps_results_markdown": [tables.STEPS, tables.RECIPE]}
 
 
 @pytest.mark.parametrize("markdown, results", [(name, path) for name, paths in RESULTS_MD.items() for path in paths],
