@@ -712,7 +712,7 @@ def bars(ax, intervals: list, origin: float, lane: int, color: str, alpha: float
                        (lane - 0.4, 0.8), color=color, alpha=alpha, linewidth=0)
 
 
-# --- ray_overhead.py's results.md, one function per tool ---------------------------------------------------------
+# --- ray_overhead.py's results.md ----------------------------------------------------------------------
 
 
 def cpu_share_markdown(report: dict) -> str:
@@ -733,34 +733,6 @@ def cpu_share_markdown(report: dict) -> str:
               for t in [p["training_thread"]]]
     lines += ["", "| other process | cores |", "|---|---|"]
     lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
-    return "\n".join(lines) + "\n"
-
-
-def fit_processes_markdown(report: dict) -> str:
-    fits = report["fits"]
-    lines = [f"`python benchmarks/{report['command']}`", "", f"Machine: {report['machine']}", "",
-             "A two-node Ray cluster on this machine (1 CPU per node), a driver already connected; each fit a "
-             f"TorchTrainer with 2 CPU workers and one metric-only report, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="
-             f"{report['poll_interval_s']}.", "",
-             "| fit | wall time (s) | CPU time of every other process (s) | processes started for it |",
-             "|---|---|---|---|"]
-    lines += [f"| {i} | {f['wall_s']} | {f['cpu_s']} | {f['new_processes']} |" for i, f in enumerate(fits, 1)]
-    lines += ["", f"Fit {len(fits)}, process by process (0.05 s of CPU or more):", "",
-              "| process | started for this fit | CPU time (s) |", "|---|---|---|"]
-    lines += [f"| {p['role']} | {'yes' if p['new'] else 'no'} | {p['cpu_s']} |" for p in fits[-1]["processes"]]
-    return "\n".join(lines) + "\n"
-
-
-def report_latency_markdown(report: dict) -> str:
-    reports = report["reports"]
-    lines = [f"`python benchmarks/{report['command']}`", "",
-             f"Machine: {report['machine']}; Ray {report['ray']}; {report['date']}", "",
-             f"2 CPU workers, {reports} reports each ({reports - 1} metric-only, timed on rank 0, "
-             "then one with a checkpoint); a fresh local Ray per row.", "",
-             "| RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | metric-only reports (s) | per report (s) | whole fit (s) |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['interval_s']} | {r['metric_only_reports_s']:.1f} | {r['per_report_s']:.2f} | {r['fit_s']:.1f} |"
-              for r in report["rows"]]
     return "\n".join(lines) + "\n"
 
 

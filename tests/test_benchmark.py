@@ -140,14 +140,6 @@ def test_cpu_share_counts_each_threads_cores_and_switches_in_the_window():
     assert [p["pid"] for p in report["other_processes"]] == [20]
 
 
-def test_ray_fit_processes_names_each_process_by_the_actor_it_ran():
-    role = load_script("benchmarks/ray_overhead.py").role
-    assert role(["/venv/bin/python", "ray::IDLE", "ray::TrainController.__init__", "ray::TrainController.run"]) == (
-        "TrainController")
-    assert role(["/venv/bin/python", "ray::IDLE"]) == "idle worker"
-    assert role(["raylet"]) == "raylet"
-
-
 def test_a_single_run_gets_no_comparisons_heading():
     results = json.loads((ROOT / "benchmarks/published/archive/hybrid-speed/results.json").read_text())
     table = load_script("benchmarks/tables.py").steps_results_markdown(results)
