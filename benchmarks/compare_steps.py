@@ -4,17 +4,12 @@
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
     python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
 
-Four sections. "steps" runs every step script with the same model, data, global batch, epochs and
-workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
-"memory" runs the largest model for one step under DDP (step 02) and FSDP2 (step 04) on 1, 2 and 4
-workers, with and without CPU offload, and tabulates each rank's own memory report. "inference"
-runs step 06 with 1 and 2 Ray Data actors on the checkpoint of the steps section's single-machine
-run. "recipe" (only when asked for) trains step 01 with the steps' defaults for --recipe-epochs
-with each of --recipe-seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
-given). A run this machine cannot do is listed as skipped, with the reason. Every number comes from
-the final JSON line the scripts print; each run's full output is kept in <out>/logs/, and the
-machine, the date and the commit in <out>/results.json. --update keeps the runs of <out>/results.json that
-this command does not redo (each run records the command, date and commit that made it).
+Sections: "steps" (every step script, same model, data, global batch, epochs and workers), "memory" (the largest
+model for one step under DDP, FSDP1 and FSDP2 on --memory-workers workers), "inference" (step 06, 1 and 2 actors, on
+the single-machine run's checkpoint) and, only when asked for, "recipe" (step 01's defaults for --recipe-epochs, a
+run per seed, then step 06 on each checkpoint). A run this machine cannot do is listed as skipped, with the reason.
+Every number comes from the final JSON line the scripts print; each run's output is kept in <out>/logs/, the
+machine, date and commit in <out>/results.json. --update keeps the runs of <out>/results.json it does not redo.
 """
 import argparse
 import json
@@ -130,19 +125,18 @@ def check_comparable(previous: dict, machine: str, args, path: Path):
         raise SystemExit(f"error: --update: {path} cut its epochs to {previous.get('steps_per_epoch')} steps, this "
                          f"command to {args.steps_per_epoch}; pass --steps-per-epoch {previous.get('steps_per_epoch')}")
     if previous.get("eval_images") != args.eval_images:
-        scored = previous.get("eval_images") or "all the"
-        raise SystemExit(f"error: --update: {path} scored its runs on {scored} test images, this command on "
-                         f"{args.eval_images or 'all'}; pass the same --eval-images")
+        raise SystemExit(f"error: --update: {path} scored its runs on {previous.get('eval_images') or 'all the'} test "
+                         f"images, this command on {args.eval_images or 'all'}; pass the same --eval-images")
 
 
 def updated(previous: dict, results: dict) -> dict:
     """previous's runs with results' in their place (or after them, if new): one table from two commands on one
     machine. Each run keeps the command, date and commit that made it."""
     provenance = {key: previous[key] for key in ("command", "date", "commit")}
-    kept = [{**r, "made_by": r.get("made_by") or provenance} for r in previous["runs"]]
     new = {r["name"]: r for r in results["runs"]}
-    merged = [new.pop(r["name"], r) for r in kept] + list(new.values())
-    return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"), "runs": merged}
+    merged = [new.pop(r["name"], {**r, "made_by": r.get("made_by") or provenance}) for r in previous["runs"]]
+    return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"),
+            "runs": merged + list(new.values())}
 
 
 def batches_of_runs(runs: list) -> list:
@@ -267,32 +261,26 @@ def plan_recipe_runs(args) -> list:
     """The steps' defaults (the recipe) for --recipe-epochs, one run per --recipe-seeds side by side, the cores
     shared out between them (their epoch times are not the recipe's speed: the steps section's single-machine
     run is), then step 06 on each checkpoint's first --exact-test-images."""
-    runs, threads = [], max(1, (os.cpu_count() or 1) // len(args.recipe_seeds))
-    for seed in args.recipe_seeds:
-        checkpoint = str(KEPT_CHECKPOINTS / f"recipe_seed{seed}")
-        runs.append(Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
-                        ["--epochs", str(args.recipe_epochs), "--seed", str(seed)], checkpoint_dir=checkpoint,
-                        env={"OMP_NUM_THREADS": str(threads)}, side_by_side=True))
-    if args.exact_test_images:
-        runs += [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
-                     ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
-                      str(args.exact_test_images)]) for seed in args.recipe_seeds]
-    return runs
+    threads = max(1, (os.cpu_count() or 1) // len(args.recipe_seeds))
+    runs = [Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
+                ["--epochs", str(args.recipe_epochs), "--seed", str(seed)],
+                checkpoint_dir=str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), env={"OMP_NUM_THREADS": str(threads)},
+                side_by_side=True) for seed in args.recipe_seeds]
+    return runs + [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
+                       ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
+                        str(args.exact_test_images)]) for seed in args.recipe_seeds if args.exact_test_images]
 
 
 def selected(run: Run, only: list) -> bool:
-    if not only:
-        return run.section != "recipe"
-    return run.name in only or run.section in only
+    return run.name in only or run.section in only if only else run.section != "recipe"
 
 
 def keep_checkpoints_read_later(runs: list) -> None:
     """The single-machine steps run writes the checkpoint that the inference section reads, if both run."""
     reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
     for run in runs:
-        kept = str(KEPT_CHECKPOINTS / run.name)
-        if run.section == "steps" and kept in reads:
-            run.checkpoint_dir = kept
+        if run.section == "steps" and str(KEPT_CHECKPOINTS / run.name) in reads:
+            run.checkpoint_dir = str(KEPT_CHECKPOINTS / run.name)
 
 
 def start_memory_cluster(args, runs) -> str | None:
@@ -310,14 +298,13 @@ def start_memory_cluster(args, runs) -> str | None:
 
 def command(run: Run, args, address: str | None) -> list:
     script = str(ROOT / SCRIPTS[run.step])
-    data = ["--data", args.data] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
+    at = ["--address", address] if address else []
     if run.step in ("inference", "ray_tune"):  # their own data defaults; their tables go to a scratch folder
-        out = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
-        data = ["--data", args.data] if run.step == "inference" else []  # step 05 tunes on its validation split
-        data += ["--data-dir", args.data_dir] if args.data_dir else []
-        return [sys.executable, script, *data, *run.flags, "--out", out] + (["--address", address] if address else [])
+        data = (["--data", args.data] if run.step == "inference" else []) + data_dir  # step 05 tunes on its split
+        return [sys.executable, script, *data, *run.flags, "--out", tempfile.mkdtemp(prefix=f"bench-{run.name}-"), *at]
     if run.section == "recipe":  # the steps' defaults, model included
-        return [sys.executable, script, *data, *run.flags]
+        return [sys.executable, script, "--data", args.data, *data_dir, *run.flags]
     if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
         batch = str(math.lcm(*args.memory_workers))
         flags = ["--model", args.memory_model, "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "1",
@@ -329,15 +316,12 @@ def command(run: Run, args, address: str | None) -> list:
             if value is not None:
                 flags += [flag, str(value)]
     flags += run.flags
-    if run.step == "single_machine":
-        return [sys.executable, script, *flags]
     if run.step == "ddp" or run.name == "ray_ddp_local_torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 str(run.workers), script, *flags]
-    if "--num-workers" in run.flags:  # local mode's --num-workers 0: no Ray, so no address
+    if run.step == "single_machine" or "--num-workers" in run.flags:  # local mode's --num-workers 0: no Ray
         return [sys.executable, script, *flags]
-    return [sys.executable, script, *flags, "--num-workers", str(run.workers)] + (
-        ["--address", address] if address else [])
+    return [sys.executable, script, *flags, "--num-workers", str(run.workers), *at]
 
 
 def execute(run: Run, cmd: list, log_path: Path) -> None:
@@ -348,12 +332,12 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a fresh run, not the resumption of an old one
     if run.step != "inference":
         cmd = [*cmd, "--checkpoint-dir", checkpoint_dir]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.env}
     launched = time.time()
     summary, seen_at = None, None
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
-        process = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=log)
+        process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **run.env}, text=True,
+                                   stdout=subprocess.PIPE, stderr=log)
         for line in process.stdout:
             log.write(line)
             log.flush()  # so that `tail -f` on the log follows the run
@@ -366,12 +350,10 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         run.status, run.error = "failed", last_error_line(log_path)
         return
     run.status, run.summary, run.wall_s = "ok", summary, seen_at - launched
-    if run.step in ("inference", "ray_tune"):
-        return
-    # wall_time_s runs from the script's own start, after its imports: add what came before it.
-    started = seen_at - summary["wall_time_s"]
-    run.imports_s = started - launched
-    run.launch_to_first_step_s = run.imports_s + summary["time_to_first_step_s"]
+    if run.step not in ("inference", "ray_tune"):
+        # wall_time_s runs from the script's own start, after its imports: add what came before it.
+        run.imports_s = seen_at - summary["wall_time_s"] - launched
+        run.launch_to_first_step_s = run.imports_s + summary["time_to_first_step_s"]
 
 
 def last_error_line(log_path: Path) -> str:
@@ -387,8 +369,7 @@ def last_error_line(log_path: Path) -> str:
 
 def steady_images_per_s(summary: dict) -> float:
     """Epochs after the first when there are several: the first pays for warm-up (allocations, caches)."""
-    history = summary["history"]
-    later = history[1:] or history
+    later = summary["history"][1:] or summary["history"]
     return sum(h["images_per_s"] for h in later) / len(later)
 
 
@@ -396,25 +377,20 @@ def evaluation_seconds(run: dict) -> float:
     """A steps run's wall time per epoch outside training, after its first step: evaluation, the checkpoint, the
     report and, once, the exit."""
     s = run["summary"]
-    trained = sum(h["epoch_time_s"] for h in s["history"])
-    return (run["wall_s"] - run["launch_to_first_step_s"] - trained) / s["epochs"]
+    return (run["wall_s"] - run["launch_to_first_step_s"] - sum(h["epoch_time_s"] for h in s["history"])) / s["epochs"]
 
 
 def outcome_line(run: Run) -> str:
-    if run.status == "skipped":
-        return f"skipped: {run.skipped}"
-    if run.status != "ok":
-        return f"FAILED ({run.error})"
     s = run.summary
+    if run.status != "ok":
+        return f"skipped: {run.skipped}" if run.status == "skipped" else f"FAILED ({run.error})"
     if run.step == "inference":
         return f"{s['images']:,} images, {s['images_per_s']:,.0f} images/s, accuracy {s['accuracy']:.2%}"
     if run.step == "ray_tune":
         return f"{len(s['trials'])} trials in {run.wall_s:.0f} s, best {s['best']['best_accuracy']:.2%}"
-    memory = s.get("memory_per_rank") or [{}]
-    state = sum(memory[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
-    return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, "
-            f"first step after {run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0"
-                                                                    if state else ""))
+    state = sum((s.get("memory_per_rank") or [{}])[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
+    return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, first step after "
+            f"{run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0" if state else ""))
 
 
 def describe_machine() -> str:
@@ -439,26 +415,18 @@ def describe_commit(paths: tuple = ("common", *sorted(SCRIPTS.values())), what: 
     return git("rev-parse", "--short", "HEAD") + (f" (with uncommitted changes to {what})" if changed else "")
 
 
-def this_command() -> str:
-    """How this benchmark was started: its file's name and its arguments."""
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
-
-
 def made_by(commit: str) -> dict:
-    """The command, the date and the commit that made a result."""
-    return dict(command=this_command(), date=time.strftime("%Y-%m-%d"), commit=commit)
+    """The command (this benchmark's file name and its arguments), the date and the commit that made a result."""
+    return dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
+                commit=commit)
 
 
 def measure_ray_start() -> float:
     """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
     code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
             "ray.init(address='local', **init_options('local')); print(time.time() - t)")
-    return float(last_line_printed([sys.executable, "-c", code], cwd=ROOT))
-
-
-def last_line_printed(cmd: list, **kwargs) -> str:
-    """What a measurement in a fresh process found: the last line it printed."""
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, **kwargs).stdout.strip().splitlines()[-1]
+    printed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(printed.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

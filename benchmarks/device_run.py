@@ -4,24 +4,14 @@ then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
     python benchmarks/device_run.py --out benchmarks/published/gpu-nvidia-h100-x1   # on the GPU machine
     python benchmarks/device_run.py --dry-run                                       # anywhere, on CPU (CI runs it)
 
-On the GPU, with synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), each on one
-process: step 01 alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode (step 03 refuses one Ray worker:
-prepare_model would not wrap its model; local mode wraps it by hand), FSDP2 alone, with --mixed-precision and with
---cpu-offload, then step 06 with one GPU actor on step 01's checkpoint. Every training run has --epochs epochs of
---steps-per-epoch steps; images/s is the mean of the epochs after the first (the warm-up), and launch to first step
-and peak GPU memory are measured as compare_steps.py measures them (whose functions start each run and read its JSON
-line).
-
-On the CPUs, the GPU hidden, torchrun DDP and Ray DDP side by side with each of --processes processes, each process
-with --threads-per-process threads (OMP_NUM_THREADS, which torchrun and Ray leave as they find it), and the
-ratio of their images/s at each size.
-
-Every run has its own time limit, and all of them together --budget-s: a run that fails or runs out of time is
-recorded and the others go on; a run the budget leaves no time for is listed as skipped. <out>/results.json (the
-published schema, with the GPU, its driver and CUDA) and <out>/results.md (drawn by tables.py) are written again
-after every run. Before any run, every planned command goes through its step's own parser (and torchrun's), so that
-a typo costs no device time. --dry-run does that too, then runs two of the runs at a tiny size on CPU (step 01
-alone, and torchrun on the CPUs), lists the others as skipped and writes the same files.
+On the GPU, synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), one process each: step 01
+alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode, FSDP2 alone, with --mixed-precision and with
+--cpu-offload, then step 06 with one GPU actor on step 01's checkpoint; measured as compare_steps.py measures (its
+functions start each run). On the CPUs, the GPU hidden, torchrun DDP and Ray DDP with each of --processes processes
+of --threads-per-process threads. Every run has its own time limit and all of them together --budget-s; a failed run
+is recorded and the others go on. <out>/results.json and results.md are written again after every run. Every
+planned command goes through its step's own parser first, so that a typo costs no device time; --dry-run does that,
+then runs two of the runs at a tiny size on CPU.
 """
 import argparse
 import contextlib
@@ -89,8 +79,7 @@ def main():
         shutil.rmtree(checkpoints, ignore_errors=True)
     print(f"total: {time.time() - started:.0f} s (budget {args.budget_s:.0f} s) | table: {out / 'results.md'} | "
           f"logs: {out / 'logs'}")
-    failed = [r.name for r in runs if r.status == "failed"]
-    if failed:
+    if failed := [r.name for r in runs if r.status == "failed"]:
         raise SystemExit(f"error: {len(failed)} of {len(runs)} runs failed ({', '.join(failed)}); why: "
                          f"{out / 'results.md'}, their logs: {out / 'logs'}")
 
@@ -117,8 +106,7 @@ def parse_args():
     for flag in ("--steps-per-epoch", "--cpu-steps-per-epoch", "--threads-per-process", "--budget-s"):
         if getattr(args, flag[2:].replace("-", "_")) <= 0:
             p.error(f"{flag} must be more than 0")
-    uneven = [n for n in args.processes if n < 1 or GLOBAL_BATCH % n]
-    if uneven:
+    if uneven := [n for n in args.processes if n < 1 or GLOBAL_BATCH % n]:
         p.error(f"--processes {' '.join(map(str, uneven))}: the global batch of {GLOBAL_BATCH} images does not split "
                 f"over that many processes; use divisors of {GLOBAL_BATCH}, such as 1 2 4 8")
     if not shutil.which("timeout"):
@@ -129,13 +117,10 @@ def parse_args():
 
 
 def plan_runs(args, checkpoints: Path) -> list:
-    return plan_gpu_runs(args, checkpoints) + plan_cpu_runs(args)
-
-
-def plan_gpu_runs(args, checkpoints: Path) -> list:
-    """Every step on one process, on the GPU, then step 06 on step 01's checkpoint."""
+    """Every step on one process on the GPU, step 06 on step 01's checkpoint, then torchrun DDP and Ray DDP at each
+    size on the CPUs, the GPU hidden from both."""
     evaluation = ["--eval-images", str(args.eval_images)] if args.eval_images else []
-    return [Run("single_machine", "steps", "single_machine", 1, evaluation,
+    runs = [Run("single_machine", "steps", "single_machine", 1, evaluation,
                 checkpoint_dir=str(checkpoints / "single_machine")),
             Run("ddp", "steps", "ddp", 1, evaluation),
             Run("ray_ddp", "steps", "ray_ddp", 1, NO_RETRY + evaluation),
@@ -145,13 +130,8 @@ def plan_gpu_runs(args, checkpoints: Path) -> list:
             Run("ray_fsdp2_cpu_offload", "steps", "ray_fsdp2", 1, NO_RETRY + evaluation + ["--cpu-offload"]),
             Run("inference_1_actor", "inference", "inference", 1,
                 ["--checkpoint", str(checkpoints / "single_machine"), "--actors", "1"] + evaluation)]
-
-
-def plan_cpu_runs(args) -> list:
-    """torchrun DDP and Ray DDP at each size, one after the other, the GPU hidden from both."""
     env = {"OMP_NUM_THREADS": str(args.threads_per_process), "CUDA_VISIBLE_DEVICES": ""}
     evaluation = ["--eval-images", str(args.eval_images or CPU_EVAL_IMAGES)]
-    runs = []
     for n in args.processes:
         runs += [Run(f"cpu_torchrun_ddp_n{n}", "scaling", "ddp", n, evaluation, env=env),
                  Run(f"cpu_ray_ddp_n{n}", "scaling", "ray_ddp", n, NO_RETRY + ["--no-gpu"] + evaluation, env=env)]
@@ -292,12 +272,10 @@ def describe_run(args, runs: list) -> dict:
 
 def nvidia_driver() -> str | None:
     """The driver's version from nvidia-smi, if this machine has it."""
-    if not shutil.which("nvidia-smi"):
-        return None
     try:
         result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
+    except (OSError, subprocess.TimeoutExpired):
         return None
     return (result.stdout.strip().splitlines() or [None])[0] if result.returncode == 0 else None
 

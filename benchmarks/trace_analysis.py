@@ -1,26 +1,22 @@
 """Where the time of a profiled step went, read from the traces that --profile-steps writes (common/profiling.py):
 per optimizer step, the time in forward, backward and the optimizer, the calls and time of each collective, and
-how much of the communication overlapped compute. A benchmark's tool, never run inside the training processes:
+how much of the communication overlapped compute. Never run inside the training processes:
 
     python benchmarks/trace_analysis.py RUN_FOLDER     # the table, for a run's profile/rank<r>.json.gz
 
 How it reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by tests/test_profiling.py):
-- One training thread runs forward, backward (autograd runs CPU work on the thread that called
-  backward()) and the optimizer. Backward runs from the first autograd::engine::evaluate_function to
-  Optimizer.step#...; forward from the model's first event (DDP's or FSDP's forward, or the first
-  operator autograd records) to backward. The rest of the step (the next batch, augmentation, the
-  scheduler) is "other".
-- Each collective shows twice: where it was issued, on the training thread (c10d::allreduce_,
-  c10d::_allgather_base_, c10d::_reduce_scatter_base_: what the strategy asked for), and where it
-  ran, on one of gloo's own threads (gloo:all_reduce, gloo:all_gather), over the time it really
-  took, waiting for the other ranks included. gloo has no reduce-scatter: it all-reduces the whole
-  tensor and keeps its slice, so FSDP's reduce-scatters run as gloo:all_reduce. Calls are counted
-  where they were issued; their time is that of their run.
-- Compute is the time the training thread spends in operators (aten::*): waiting for a collective
-  is a gap between them. Overlapped: the part of the communication time during which it computed.
-On GPUs (untested with several: one GPU's trace was read) the trace also holds the GPU's timeline:
-a collective runs as an NCCL kernel, compute is the other kernels, and the phases, still timed on
-the CPU, are mostly the time to launch the GPU's work, which runs behind.
+- One training thread runs forward, backward (autograd runs CPU work on the thread that called backward()) and the
+  optimizer. Backward runs from the first autograd::engine::evaluate_function to Optimizer.step#...; forward from
+  the model's first event (DDP's or FSDP's forward, or the first operator autograd records) to backward. The rest
+  of the step (the next batch, augmentation, the scheduler) is "other".
+- Each collective shows where it was issued, on the training thread (c10d::allreduce_, ...: what the strategy asked
+  for), and where it ran, on one of gloo's threads (gloo:all_reduce, ...), waits for the other ranks included. gloo
+  has no reduce-scatter: it all-reduces the whole tensor and keeps its slice, so FSDP's reduce-scatters run as
+  gloo:all_reduce. Calls are counted where they were issued; their time is that of their run.
+- Compute is the training thread's time in operators (aten::*): waiting for a collective is a gap between them.
+  Overlapped: the part of the communication time during which it computed.
+On GPUs (one GPU's trace was read) the trace also holds the GPU's timeline: a collective runs as an NCCL kernel,
+compute is the other kernels, and the phases, timed on the CPU, are mostly the time to launch the GPU's work.
 """
 import bisect
 import gzip
@@ -214,27 +210,6 @@ def mean(steps: list[dict]) -> dict:
     return result
 
 
-def summary_table(summary: dict, folder: Path) -> str:
-    """A line per rank, ms per optimizer step (mean of the profiled steps)."""
-    kinds = sorted({kind for r in summary["ranks"] for kind in r["mean"]["collectives"]})
-    rows = [["rank", "step", "forward", "backward", "optimizer", "other", *kinds, "communication",
-             "overlapped"]]
-    for r in summary["ranks"]:
-        m = r["mean"]
-        calls = [m["collectives"].get(kind, dict(calls=0, ms=0)) for kind in kinds]
-        overlapped = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
-        rows.append([str(r["rank"])] + [f"{m[f'{phase}_ms']:.1f}" for phase in PHASES] +
-                    [f"{c['calls']:g} calls, {c['ms']:.1f}" for c in calls] +
-                    [f"{m['communication_ms']:.1f}", f"{overlapped:.0%}"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-             for row in rows]
-    title = (f"{summary['profiled_steps']} profiled optimizer steps, ms per step (mean); "
-             "collectives: calls and their ms in all, waits included")
-    where = f"traces (ui.perfetto.dev, chrome://tracing): {folder}/profile/rank<r>.json.gz"
-    return "\n".join([title, *table, where])
-
-
 def span(event: dict) -> tuple:
     return event["ts"], end_of(event)
 
@@ -279,4 +254,10 @@ def total(intervals: list[tuple]) -> float:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit("usage: python benchmarks/trace_analysis.py RUN_FOLDER")
-    print(summary_table(summarize(sys.argv[1]), Path(sys.argv[1])))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tables import profile_table  # the published profile's table, one variant: this run
+
+    ranks = summarize(sys.argv[1])["ranks"]
+    print(f"{len(ranks[0]['steps'])} profiled optimizer steps, ms per step (mean); traces (ui.perfetto.dev): "
+          f"{Path(sys.argv[1], 'profile')}/rank<r>.json.gz")
+    print("\n".join(profile_table(dict(variants=[dict(title=Path(sys.argv[1]).name, status="ok", ranks=ranks)]))))
