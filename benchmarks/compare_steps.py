@@ -1,4 +1,4 @@
-"""Runs the workshop's steps side by side with identical settings; writes a results table and plots.
+"""Runs the workshop's steps side by side with identical settings; writes a results table.
 
     python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
@@ -110,8 +110,7 @@ def main():
     (out / "results.json").write_text(json.dumps(results, indent=1))
     from benchmarks.tables import write_report  # here, not above: the renderer imports this module's Run
 
-    plots = write_report(results, out)
-    print(f"table: {out / 'results.md'} | plots: {', '.join(str(p) for p in plots)} | logs: {out / 'logs'}")
+    print(f"table: {write_report(results, out)} | logs: {out / 'logs'}")
     if any(r.status == "failed" for r in runs):
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
 

@@ -3,14 +3,10 @@
     python benchmarks/profile_steps.py --data synthetic
     python benchmarks/profile_steps.py --data-dir ../shared/data/cifar10 --profile-steps 4
 
-Every variant is a Ray Train run of its step script on --num-workers workers with --profile-steps N
-(common/profiling.py): after 2 warm-up steps, torch.profiler records N optimizer steps and every
-rank writes its trace, which trace_analysis.py reads. DDP runs as step 02 (Ray), not step 01
-(torchrun), so that the four differ by their strategy only, not by their launcher. This writes
-into --out: the traces (traces/<variant>/rank<r>.json.gz, for https://ui.perfetto.dev),
-results.json (the machine, the command, the date, and per variant and rank the breakdown of every
-profiled step), and from it, by tables.py, results.md (the table) and timeline.png (one training
-step per rank, drawn from the traces, the variants stacked).
+Every variant is a Ray Train run of its step script with --profile-steps N (common/profiling.py); DDP runs as step
+02, not step 01, so that the variants differ by their strategy only, not by their launcher. Writes into --out the
+traces (traces/<variant>/rank<r>.json.gz, for https://ui.perfetto.dev), results.json (per variant and rank, every
+profiled step as trace_analysis.py reads it) and, by tables.py, results.md and timeline.png.
 """
 import argparse
 import json
@@ -61,8 +57,7 @@ def main():
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS)
     p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"])
     p.add_argument("--data-dir", default=None, help="passed to every step (default: theirs)")
@@ -78,15 +73,12 @@ def parse_args():
 def command(name: str, args) -> list:
     """One epoch just long enough for the warm-up and the profile, a short evaluation, no retry."""
     step, flags, _ = VARIANTS[name]
-    cmd = [sys.executable, str(ROOT / SCRIPTS[step]), "--model", args.model, "--data", args.data,
-           "--epochs", "1", "--steps-per-epoch", str(WARMUP_STEPS + args.profile_steps),
-           "--batch-size", str(args.batch_size), "--eval-images", str(args.batch_size),
-           "--profile-steps", str(args.profile_steps), "--num-workers", str(args.num_workers),
-           "--max-failures", "0", *flags]
-    for flag, value in [("--data-dir", args.data_dir), ("--address", args.address)]:
-        if value is not None:
-            cmd += [flag, value]
-    return cmd
+    return [sys.executable, str(ROOT / SCRIPTS[step]), "--model", args.model, "--data", args.data,
+            "--epochs", "1", "--steps-per-epoch", str(WARMUP_STEPS + args.profile_steps),
+            "--batch-size", str(args.batch_size), "--eval-images", str(args.batch_size),
+            "--profile-steps", str(args.profile_steps), "--num-workers", str(args.num_workers),
+            "--max-failures", "0", *flags, *(["--data-dir", args.data_dir] if args.data_dir is not None else []),
+            *(["--address", args.address] if args.address is not None else [])]
 
 
 def profile_variant(name: str, args, out: Path) -> dict:
@@ -98,27 +90,20 @@ def profile_variant(name: str, args, out: Path) -> dict:
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        returncode = subprocess.call([*cmd, "--checkpoint-dir", str(run_dir)], cwd=ROOT,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        returncode = subprocess.call([*cmd, "--checkpoint-dir", str(run_dir)], cwd=ROOT, stdout=log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     variant = dict(name=name, title=VARIANTS[name][2], command=" ".join(cmd), status="failed",
                    error=None, wall_s=time.time() - started, load_average=load, ranks=[])
     profiles = sorted(run_dir.glob("**/profile/rank0.json.gz"))
     if returncode or not profiles:
         variant["error"] = f"FAILED ({last_error_line(log_path)})"
     else:
-        variant["status"] = "ok"
-        variant["ranks"] = copy_traces(summarize(profiles[-1].parents[1])["ranks"], out / "traces" / name)
+        variant["status"], variant["ranks"] = "ok", summarize(profiles[-1].parents[1])["ranks"]
+        (out / "traces" / name).mkdir(parents=True, exist_ok=True)
+        for rank in variant["ranks"]:  # beside the results: the run folder is deleted
+            rank["trace"] = str(Path(shutil.copy(rank["trace"], out / "traces" / name)).relative_to(out))
     shutil.rmtree(run_dir, ignore_errors=True)
     return variant
-
-
-def copy_traces(ranks: list, to: Path) -> list:
-    """The ranks' summaries, their traces copied beside the results (the run folder is deleted)."""
-    to.mkdir(parents=True, exist_ok=True)
-    for rank in ranks:
-        rank["trace"] = str(Path(shutil.copy(rank["trace"], to)).relative_to(to.parents[1]))
-    return ranks
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ with two HTML comments, which Markdown and Marp do not show:
 
 The name is one of TABLES below, each a function of the published results.json it names. A
 document's table is never typed by hand: tests/test_tables.py renders every region again from the
-committed results and fails when a document differs. The benchmarks' own results.md and plots are drawn here too.
+committed results and fails when a document differs. The benchmarks' own results.md are drawn here too.
 """
 import argparse
 import ast
@@ -315,12 +315,12 @@ def lab_times(results: dict, labs: tuple = ()) -> list:
             f"{results['machine']}; {results['date']}, commit {results['commit']}."]
 
 
-# --- compare_steps.py's results.md and plots ---------------------------------------------------------------------
+# --- compare_steps.py's results.md --------------------------------------------------------------------------------
 
-def write_report(results: dict, out: Path) -> list:
-    """compare_steps.py's results.md and plots in out, from its results.json; returns the plots."""
+def write_report(results: dict, out: Path) -> Path:
+    """compare_steps.py's results.md in out, from its results.json."""
     (out / "results.md").write_text(steps_results_markdown(results))
-    return write_plots([Run(**r) for r in results["runs"]], out)
+    return out / "results.md"
 
 
 def steps_results_markdown(results: dict) -> str:
@@ -454,75 +454,6 @@ def memory_rows(memory: list) -> list:
                         f"{state_mb(r.summary) / 1024:,.2f}", f"{max(r.summary['peak_memory_mb']) / 1024:,.1f}"]
     return table(["strategy", "workers", "CPU offload", "parameters (MB)", "gradients (MB)", "optimizer (MB)",
                   "total state (GiB)", "peak (GiB)"], [row(r) for r in memory])
-
-
-def write_plots(runs: list, out: Path) -> list:
-    """compare_steps.py's plots of the runs that finished, a plot for each section that has some; returns them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    ok = [r for r in runs if r.status == "ok"]
-    steps, memory = [r for r in ok if r.section == "steps"], [r for r in ok if r.section == "memory"]
-    recipe = [r for r in ok if r.section == "recipe" and r.step != "inference"]
-    written = []
-    if steps:
-        title = f"Test accuracy per epoch ({steps[0].summary['model']})"
-        written += [accuracy_plot(steps, title, lambda r: r.name, out / "accuracy.png"),
-                    throughput_plot(steps, out / "throughput.png")]
-    if recipe:
-        written.append(accuracy_plot(recipe, "The recipe, epoch by epoch", lambda r: f"{r.name} ({r.summary['model']})",
-                                     out / "recipe_accuracy.png"))
-    if memory:
-        written.append(memory_plot(memory, out / "memory.png"))
-    return written
-
-
-def accuracy_plot(runs: list, title: str, label, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in runs:
-        history = r.summary["history"]
-        ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=label(r))
-    ax.set(xlabel="epoch", ylabel="test accuracy", title=title)
-    ax.legend(fontsize=8)
-    return save(fig, path)
-
-
-def throughput_plot(steps: list, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    speeds = [steady_images_per_s(r.summary) for r in steps]
-    ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
-    for y, v in enumerate(speeds):
-        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
-    ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
-    ax.invert_yaxis()
-    return save(fig, path)
-
-
-def memory_plot(memory: list, path: Path) -> Path:
-    """Rank 0's parameters, gradients and optimizer state, stacked, per memory run."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [r.name.removeprefix("memory_") for r in memory]
-    bottom = [0.0] * len(memory)
-    for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
-        values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
-        ax.bar(labels, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
-    ax.tick_params(axis="x", labelrotation=30)
-    ax.legend()
-    return save(fig, path)
-
-
-def save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
 
 
 # --- device_run.py's results.md ----------------------------------------------------------------------------------
