@@ -3,16 +3,10 @@
     python benchmarks/tables.py            # rewrite every generated table in the documents
     python benchmarks/tables.py --check    # exit 1, naming them, if any differs from its results.json
 
-A document (README.md, a step's README.md, benchmarks/README.md, slides/workshop.md) marks a table
-with two HTML comments, which Markdown and Marp do not show:
-
-    <!-- table: steps -->
-    | ... the table, written by this script ... |
-    <!-- /table -->
-
-The name is one of TABLES below, each a function of the published results.json it names. A
-document's table is never typed by hand: tests/test_tables.py renders every region again from the
-committed results and fails when a document differs. The benchmarks' own results.md are drawn here too.
+A document marks a table `<!-- table: NAME -->`, then the table, then `<!-- /table -->` (HTML comments: Markdown and
+Marp do not show them); NAME is one of TABLES, each a function of the results.json it names. No table is typed by
+hand: tests/test_tables.py renders every region again and fails when a document differs. The benchmarks' own
+results.md are drawn here too.
 """
 import argparse
 import ast
@@ -43,18 +37,12 @@ REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 # What each steps-section run is, for a reader: the step and the command's difference.
 RUN_NAMES = {
-    "single_machine": "01 `train_single_machine.py`",
-    "ddp": "01 `torchrun ... train_ddp.py`",
-    "ray_ddp_1_worker": "02 `train_ray_ddp.py --num-workers 1`",
-    "ray_ddp": "02 `train_ray_ddp.py`",
-    "ray_ddp_poll_2s": "02, Ray's default 2 s controller poll",
-    "ray_ddp_local": "02 `--num-workers 0` (local mode)",
+    "single_machine": "01 `train_single_machine.py`", "ddp": "01 `torchrun ... train_ddp.py`",
+    "ray_ddp_1_worker": "02 `train_ray_ddp.py --num-workers 1`", "ray_ddp": "02 `train_ray_ddp.py`",
+    "ray_ddp_poll_2s": "02, Ray's default 2 s controller poll", "ray_ddp_local": "02 `--num-workers 0` (local mode)",
     "ray_ddp_local_torchrun": "02 `torchrun ... --num-workers 0`",
-    "ray_ddp_data": "02 `train_ray_ddp_with_ray_data.py`",
-    "ray_fsdp": "03 `train_ray_fsdp.py` (FSDP1)",
-    "ray_fsdp2": "04 `train_ray_fsdp2.py` (FSDP2)",
-    "ray_fsdp2_mp_offload": "04 `... --mixed-precision --cpu-offload`",
-}
+    "ray_ddp_data": "02 `train_ray_ddp_with_ray_data.py`", "ray_fsdp": "03 `train_ray_fsdp.py` (FSDP1)",
+    "ray_fsdp2": "04 `train_ray_fsdp2.py` (FSDP2)", "ray_fsdp2_mp_offload": "04 `... --mixed-precision --cpu-offload`"}
 # Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
 GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
                 "ray_fsdp2": "memory_fsdp2_n2"}
@@ -128,15 +116,14 @@ def state_mb(summary: dict) -> float:
     return m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]
 
 
-def giant_on_two(memory: dict, name: str, killed: str, trained) -> str:
-    """How the strategy's run of the largest preset on 2 workers ended; trained(GiB of state per rank) if it did."""
-    run = memory.get(GIANT_ON_TWO[name])
+def outcome(run: Run | None, trained, skipped: str, killed: str) -> str:
+    """How a memory run ended, in a table's words: trained(run) if it did, killed if Ray's memory monitor did it."""
     if run is None:
         return "-"
     if run.status == "ok":
-        return trained(state_mb(run.summary) / 1024)
+        return trained(run)
     if run.status == "skipped":
-        return "does not fit"
+        return skipped
     return killed if "OutOfMemory" in (run.error or "") else "failed"
 
 
@@ -248,8 +235,9 @@ def comparison_table(results: dict) -> list:
             row("fault tolerance", lambda name, script: FAULTS[name]),
             row("parameters + gradients + AdamW state per rank",
                 measured_cell(lambda r: f"{state_mb(r.summary):,.1f} MB")),
-            row("the largest preset on 2 workers", lambda name, script: giant_on_two(
-                memory, name, "killed: out of memory", lambda gib: f"trained, {gib:,.1f} GiB per rank")),
+            row("the largest preset on 2 workers", lambda name, script: outcome(
+                memory.get(GIANT_ON_TWO[name]), lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
+                "does not fit", "killed: out of memory")),
             row("launch to first step", measured_cell(lambda r: f"{r.launch_to_first_step_s:.1f} s")),
             row("training images/s, 2 processes", measured_cell(speed))]
     first = next(iter(steps.values())).summary if steps else {}
@@ -641,18 +629,10 @@ def cpu_share_markdown(report: dict) -> str:
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
 
 SLIDE_RUN_NAMES = {
-    "single_machine": "01 one process",
-    "ddp": "01 torchrun DDP",
-    "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
-    "ray_ddp": "02 Ray DDP",
-    "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll",
-    "ray_ddp_local": "02 local mode",
-    "ray_ddp_local_torchrun": "02 local, torchrun",
-    "ray_ddp_data": "02 Ray Data",
-    "ray_fsdp": "03 FSDP1",
-    "ray_fsdp2": "04 FSDP2",
-    "ray_fsdp2_mp_offload": "04 bf16 + offload",
-}
+    "single_machine": "01 one process", "ddp": "01 torchrun DDP", "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
+    "ray_ddp": "02 Ray DDP", "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll", "ray_ddp_local": "02 local mode",
+    "ray_ddp_local_torchrun": "02 local, torchrun", "ray_ddp_data": "02 Ray Data", "ray_fsdp": "03 FSDP1",
+    "ray_fsdp2": "04 FSDP2", "ray_fsdp2_mp_offload": "04 bf16 + offload"}
 SLIDE_CORE_RUNS = ["single_machine", "ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2"]
 SLIDE_VARIANT_RUNS = ["ray_ddp_1_worker", "ray_ddp_local", "ray_ddp_local_torchrun", "ray_ddp_data",
                       "ray_fsdp2_mp_offload"]  # five rows and a line under them fill a slide
@@ -709,26 +689,18 @@ def memory_slide(results: dict) -> list:
     """The memory lesson on a slide: DDP, FSDP1 and FSDP2 on 1, 2 and 4 workers, state per rank and outcome."""
     memory = {r.name: r for r in runs(results, "memory")}
     full = memory.get("memory_ddp_n1")
-    full_state = state_mb(full.summary) if full and full.status == "ok" else None
     rows = []
     for n in sorted({r.workers for r in memory.values()}):
         # One worker: FSDP2 holds what DDP does (its row is in the full table).
-        for name, strategy in [(f"memory_ddp_n{n}", "DDP")] + [(f"memory_fsdp1_n{n}", "FSDP1"),
-                                                                (f"memory_fsdp2_n{n}", "FSDP2")] * (n > 1):
-            r = memory.get(name)
-            if r is None:
+        for strategy in ["DDP"] + ["FSDP1", "FSDP2"] * (n > 1):
+            if (r := memory.get(f"memory_{strategy.lower()}_n{n}")) is None:
                 continue
-            if r.status == "ok":
-                state = state_mb(r.summary)
-                outcome = f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB"
-            else:
-                state = full_state if strategy == "DDP" else None  # DDP holds everything on every rank
-                need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
-                if r.status == "skipped":
-                    outcome = f"not started: {need.group(1)} > {need.group(2)} GiB" if need else "not started"
-                else:
-                    outcome = "killed by Ray: out of memory" if "OutOfMemory" in (r.error or "") else "failed"
-            rows.append([strategy, n, f"{state / 1024:.2f} GiB" if state is not None else "-", outcome])
+            # DDP holds everything on every rank: a DDP run that did not fit would have held the 1-worker run's state
+            state = r if r.status == "ok" else full if strategy == "DDP" and full and full.status == "ok" else None
+            need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
+            rows.append([strategy, n, f"{state_mb(state.summary) / 1024:.2f} GiB" if state else "-", outcome(
+                r, lambda r: f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB",
+                f"not started: {need[1]} > {need[2]} GiB" if need else "not started", "killed by Ray: out of memory")])
     ok = [r for r in memory.values() if r.status == "ok"]
     what = f"`{ok[0].summary['model']}`, one step each" if ok else "the largest preset"
     return table(["strategy", "workers", "state per rank", "outcome"], rows) + [
@@ -758,7 +730,9 @@ def comparison_slide(results: dict) -> list:
     rows = [row("images/s, 2 ranks", lambda n: f"{ips[n]:,.0f}" if n in ips else "-"),
             row("of torchrun's", lambda n: f"{ips[n] / ips['ddp']:.2f}" if n in ips and "ddp" in ips else "-"),
             row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-"),
-            row("`giant`, 2 ranks", lambda n: giant_on_two(memory, n, "killed", lambda gib: f"{gib:.1f} GiB each")),
+            row("`giant`, 2 ranks", lambda n: outcome(memory.get(GIANT_ON_TWO[n]),
+                                                      lambda r: f"{state_mb(r.summary) / 1024:.1f} GiB each",
+                                                      "does not fit", "killed")),
             # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
             row("a crash", lambda n: "all restart" if n == "ddp" else "restarts")]
     first = next(iter(steps.values())).summary if steps else {}

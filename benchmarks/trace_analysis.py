@@ -82,9 +82,8 @@ def step_parts(events: list[dict], step: dict) -> dict:
 
 
 def backward_passes(events: list[dict], forward_starts: list, optimizer_steps: list) -> list:
-    """(start, end) of each backward(): autograd's functions until a forward starts. The pass
-    that the optimizer follows lasts until the optimizer starts: after autograd's last function,
-    DDP still waits there for its last all-reduce."""
+    """(start, end) of each backward(): autograd's functions until a forward starts. The pass that the optimizer follows
+    lasts until the optimizer starts: after autograd's last function, DDP still waits there for its last all-reduce."""
     passes = []
     functions = sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION))
     for start, end in functions:
