@@ -4,12 +4,9 @@
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
     python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
 
-Sections: "steps" (every step script, same model, data, global batch, epochs and workers), "memory" (the largest
-model for one step under DDP, FSDP1 and FSDP2 on --memory-workers workers), "inference" (step 06, 1 and 2 actors, on
-the single-machine run's checkpoint) and, only when asked for, "recipe" (step 01's defaults for --recipe-epochs, a
-run per seed, then step 06 on each checkpoint). A run this machine cannot do is listed as skipped, with the reason.
-Every number comes from the final JSON line the scripts print; each run's output is kept in <out>/logs/, the
-machine, date and commit in <out>/results.json. --update keeps the runs of <out>/results.json it does not redo.
+What each section runs and measures: benchmarks/README.md. A run this machine cannot do is listed as skipped, with
+the reason. Every number comes from the final JSON line the scripts print; each run's output is kept in <out>/logs/,
+the machine, date and commit in <out>/results.json. --update keeps the runs of <out>/results.json it does not redo.
 """
 import argparse
 import json
@@ -46,6 +43,8 @@ SCRIPTS = {
 }
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
+# Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
+STEP_05_IN_CLASS = ["--num-workers", "1", "--num-samples", "4", "--epochs", "1", "--steps-per-epoch", "50"]
 
 
 @dataclass
@@ -77,8 +76,8 @@ def main():
     if previous:  # checked before the runs, not after them
         check_comparable(previous, machine, args, out / "results.json")
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
-    planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_inference_runs(args) + plan_memory_runs(args)
-               + plan_recipe_runs(args))
+    planned = (plan_step_runs(args) + [Run("ray_tune", "tune", "ray_tune", 1, STEP_05_IN_CLASS)]
+               + plan_inference_runs(args) + plan_memory_runs(args) + plan_recipe_runs(args))
     runs = [r for r in planned if selected(r, args.only)]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
@@ -237,12 +236,6 @@ def plan_memory_runs(args) -> list:
                                f"{capacity / 2**30:.1f} GiB {where}")
             runs.append(run)
     return runs
-
-
-def plan_tune_runs(args) -> list:
-    """Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each."""
-    return [Run("ray_tune", "tune", "ray_tune", 1, ["--num-workers", "1", "--num-samples", "4", "--epochs", "1",
-                                                    "--steps-per-epoch", "50"])]
 
 
 def plan_inference_runs(args) -> list:
