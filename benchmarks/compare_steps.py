@@ -107,9 +107,10 @@ def main():
     if previous:
         results = updated(previous, results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    from benchmarks.tables import write_report  # here, not above: the renderer imports this module's Run
+    from benchmarks.tables import steps_results_markdown  # here, not above: the renderer imports this module's Run
 
-    print(f"table: {write_report(results, out)} | logs: {out / 'logs'}")
+    (out / "results.md").write_text(steps_results_markdown(results))
+    print(f"table: {out / 'results.md'} | logs: {out / 'logs'}")
     if any(r.status == "failed" for r in runs):
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
 

@@ -4,14 +4,9 @@ then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
     python benchmarks/device_run.py --out benchmarks/published/gpu-nvidia-h100-x1   # on the GPU machine
     python benchmarks/device_run.py --dry-run                                       # anywhere, on CPU (CI runs it)
 
-On the GPU, synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), one process each: step 01
-alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode, FSDP2 alone, with --mixed-precision and with
---cpu-offload, then step 06 with one GPU actor on step 01's checkpoint; measured as compare_steps.py measures (its
-functions start each run). On the CPUs, the GPU hidden, torchrun DDP and Ray DDP with each of --processes processes
-of --threads-per-process threads. Every run has its own time limit and all of them together --budget-s; a failed run
-is recorded and the others go on. <out>/results.json and results.md are written again after every run. Every
-planned command goes through its step's own parser first, so that a typo costs no device time; --dry-run does that,
-then runs two of the runs at a tiny size on CPU.
+What runs, with its limits and sizes: benchmarks/README.md, section "GPU and 16 cores". Every planned command goes
+through its step's own parser first, so that a typo costs no device time; --dry-run does that, then runs two of the
+runs at a tiny size on CPU and writes the same files.
 """
 import argparse
 import contextlib
@@ -273,11 +268,11 @@ def describe_run(args, runs: list) -> dict:
 def nvidia_driver() -> str | None:
     """The driver's version from nvidia-smi, if this machine has it."""
     try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
         return None
-    return (result.stdout.strip().splitlines() or [None])[0] if result.returncode == 0 else None
+    return (smi.stdout.strip().splitlines() or [None])[0]
 
 
 def write_results(results: dict, runs: list, started: float, out: Path) -> None:

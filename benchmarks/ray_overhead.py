@@ -1,15 +1,13 @@
-"""Where the CPU goes while a step trains: what Ray costs beside the training. Writes results.json to --out, and
-results.md from it (the table is tables.py's).
+"""Where the CPU goes while a step trains: what Ray costs beside the training. Linux only (/proc).
 
     python benchmarks/ray_overhead.py cpu-share --out DIR -- COMMAND...
 
-cpu-share starts COMMAND, waits --after seconds (past start-up, into the first epoch's training loop), reads the CPU
-time and context switches of every process and thread on the machine from /proc and the steps on rank 0's progress
-bar, again --seconds later, then stops the command. A process that used more than half a core in that window counts
-as a training process; its threads are listed by name (the main thread apart), so a rank's own training thread is
-told apart from the threads its launcher (Ray's core worker) runs beside it. Its busiest thread is its training
-thread: how often the kernel took the CPU from it (involuntary switches: another thread was given the core) and how
-often it gave the CPU up itself (voluntary: it waited, for a peer's gradients for instance). Linux only (/proc).
+Starts COMMAND; --after seconds later (into the first epoch's training loop) and again --seconds later reads the CPU
+time and context switches of every process and thread from /proc, and the steps on rank 0's progress bar; then stops
+the command. A process that used over half a core in that window is a training process; its busiest thread, its
+training thread: how often the kernel took the CPU from it (involuntary switches: another thread got the core) and how
+often it gave the CPU up (voluntary: it waited, for a peer's gradients for instance). Writes results.json to --out,
+and results.md from it (tables.py's).
 """
 import argparse
 import json
@@ -48,13 +46,6 @@ def main():
     table = cpu_share_markdown(report)
     (args.out / "results.md").write_text(table)
     print(table)
-
-
-def read_stat(path: str) -> tuple:
-    """A /proc stat file's name (between its parentheses, which the name may contain) and its user + system ticks."""
-    stat = Path(path).read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[11]) + int(fields[12])
 
 
 def cpu_share(command: list, args) -> dict:
@@ -101,7 +92,10 @@ def thread_stats() -> dict:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:3]
             for tid in os.listdir(f"/proc/{pid}/task"):
-                thread, ticks = read_stat(f"/proc/{pid}/task/{tid}/stat")
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                name_end = stat.rindex(")")  # the thread's name is in parentheses, which it may contain
+                thread, fields = stat[stat.index("(") + 1:name_end], stat[name_end + 2:].split()
+                ticks = int(fields[11]) + int(fields[12])  # user + system
                 name = " ".join(argv).replace("\n", " ").strip() or f"[{thread}]"  # [kernel thread]
                 status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
                 switches = [int(re.search(rf"^{kind}_ctxt_switches:\s+(\d+)", status, re.M)[1])

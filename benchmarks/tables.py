@@ -50,11 +50,9 @@ GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": 
 
 def table(heading: list, rows) -> list:
     """A Markdown table's lines: the heading, its rule, a line per row (an empty cell is `| |`)."""
+    def cells(row):
+        return "|" + "".join(f" {cell} |" if cell != "" else " |" for cell in row)
     return [cells(heading), "|---" * len(heading) + "|"] + [cells(row) for row in rows]
-
-
-def cells(row) -> str:
-    return "|" + "".join(f" {cell} |" if cell != "" else " |" for cell in row)
 
 
 def runs(results: dict, section: str) -> list:
@@ -304,12 +302,6 @@ def lab_times(results: dict, labs: tuple = ()) -> list:
 
 
 # --- compare_steps.py's results.md --------------------------------------------------------------------------------
-
-def write_report(results: dict, out: Path) -> Path:
-    """compare_steps.py's results.md in out, from its results.json."""
-    (out / "results.md").write_text(steps_results_markdown(results))
-    return out / "results.md"
-
 
 def steps_results_markdown(results: dict) -> str:
     """compare_steps.py's results.md: what ran where, then each section that has runs."""
