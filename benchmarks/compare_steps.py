@@ -21,7 +21,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import groupby, repeat
 from pathlib import Path
 
 import torch
@@ -84,7 +84,8 @@ def main():
                          f"{', '.join(r.name for r in planned)}")
     keep_checkpoints_read_later(runs)
     memory_cluster = None
-    for batch in batches_of_runs(runs):
+    # One run after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs
+    for batch in [list(group) for _, group in groupby(runs, key=lambda r: r.side_by_side or r.name)]:
         if memory_cluster is None and batch[0].section == "memory":  # not before: the steps start their own Ray
             memory_cluster = start_memory_cluster(args, runs)
         for run in batch:
@@ -136,17 +137,6 @@ def updated(previous: dict, results: dict) -> dict:
     merged = [new.pop(r["name"], {**r, "made_by": r.get("made_by") or provenance}) for r in previous["runs"]]
     return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"),
             "runs": merged + list(new.values())}
-
-
-def batches_of_runs(runs: list) -> list:
-    """Runs one after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs."""
-    batches = []
-    for run in runs:
-        if batches and run.side_by_side and batches[-1][-1].side_by_side:
-            batches[-1].append(run)
-        else:
-            batches.append([run])
-    return batches
 
 
 def execute_or_skip(run: Run, args, memory_cluster: str | None, out: Path) -> Run:
@@ -390,9 +380,8 @@ def describe_machine() -> str:
     """The processor (with its family and model: one name covers several generations), cores, RAM, GPUs, torch."""
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-        info = {key.strip(): value.strip() for key, value in info.items()}
+        info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in Path(
+            "/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)}
         cpu = f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')} model {info.get('model', '?')})"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -34,15 +34,12 @@ KINDS = {"reducescatter": "reduce_scatter", "allreduce": "all_reduce", "allgathe
 
 def summarize(run_folder) -> dict:
     """Every rank's profiled steps, from the traces in <run_folder>/profile/, and their mean."""
-    traces = sorted(Path(run_folder, "profile").glob("rank*.json.gz"),
-                    key=lambda path: int(re.search(r"rank(\d+)", path.name)[1]))
+    traces = sorted((int(re.search(r"rank(\d+)", path.name)[1]), path)
+                    for path in Path(run_folder, "profile").glob("rank*.json.gz"))
     if not traces:
         raise SystemExit(f"error: no traces in {Path(run_folder, 'profile')}; run a step with --profile-steps N")
-    ranks = []
-    for trace in traces:
-        steps = analyze_trace(load_trace(trace))
-        ranks.append(dict(rank=int(re.search(r"rank(\d+)", trace.name)[1]), trace=str(trace), steps=steps,
-                          mean=mean(steps)))
+    ranks = [dict(rank=rank, trace=str(trace), steps=(steps := analyze_trace(load_trace(trace))), mean=mean(steps))
+             for rank, trace in traces]
     return dict(profiled_steps=len(ranks[0]["steps"]), ranks=ranks)
 
 
@@ -137,7 +134,7 @@ def collectives(events: list[dict]) -> list[dict]:
 
     The process group runs them in the order they were issued: each issue takes the first later
     run of its kind (for a reduce-scatter on gloo, an all-reduce)."""
-    issued = outermost([e for e in events if is_issue(e)])
+    issued = outermost([e for e in events if e["name"].startswith("c10d::") and collective_kind(e["name"])])
     runs = sorted((e for e in events if is_run(e)), key=lambda e: e["ts"])
     found = []
     for issue in issued:
@@ -149,10 +146,6 @@ def collectives(events: list[dict]) -> list[dict]:
         found.append(dict(kind=kind, ran=None if run is None else span(run)))
     found += [dict(kind=collective_kind(r["name"]), ran=span(r)) for r in runs]  # issued unseen
     return found
-
-
-def is_issue(event: dict) -> bool:
-    return event["name"].startswith("c10d::") and collective_kind(event["name"]) is not None
 
 
 def is_run(event: dict) -> bool:
@@ -189,7 +182,7 @@ def breakdown(parts: dict) -> dict:
     for c in parts["collectives"]:
         kind = kinds.setdefault(c["kind"], dict(calls=0, ms=0.0))
         kind["calls"] += 1
-        kind["ms"] += length(c["ran"]) / 1000 if c["ran"] else 0.0
+        kind["ms"] += total([c["ran"]]) / 1000 if c["ran"] else 0.0
     communication = union(c["ran"] for c in parts["collectives"] if c["ran"])
     return dict({f"{name}_ms": us / 1000 for name, us in phases.items()}, collectives=kinds,
                 communication_ms=total(communication) / 1000,
@@ -215,10 +208,6 @@ def span(event: dict) -> tuple:
 
 def end_of(event: dict) -> float:
     return event["ts"] + event.get("dur", 0)
-
-
-def length(interval: tuple) -> float:
-    return interval[1] - interval[0]
 
 
 def union(intervals) -> list[tuple]:
