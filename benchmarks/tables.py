@@ -126,7 +126,6 @@ def outcome(run: Run | None, trained, skipped: str, killed: str) -> str:
 
 
 # --- The documents' tables ---------------------------------------------------------------------------------------
-
 def steps_table(results: dict) -> list:
     """Every step side by side: the same model, data, global batch and epochs."""
     first = next(iter(ok_runs(results, "steps").values())).summary
@@ -286,23 +285,18 @@ def rehearsal_table(results: dict) -> list:
 
 def lab_times(results: dict, labs: tuple = ()) -> list:
     """Each lab's check (only labs, if given) on its untouched starting file and on its solution."""
-    files = {}
-    for run in results["runs"]:
-        files.setdefault(run["lab"], {})[run["file"]] = run
-
-    def time(run):
-        return f"{run['seconds']:.0f} s ({run['passed'] or 'no'} checks passed)"
-    rows = [[lab, time(checks["untouched"]), time(checks["solution"])] for lab, checks in files.items()
-            if lab in labs or not labs]
-    busiest = max(run["load_before"] for run in results["runs"])
-    return table(["lab", "`python -m labs.check LAB`, on the untouched file", "on the solution"], rows) + [
+    checks = {}
+    for r in results["runs"]:
+        checks.setdefault(r["lab"], {})[r["file"]] = f"{r['seconds']:.0f} s ({r['passed'] or 'no'} checks passed)"
+    busiest = max(r["load_before"] for r in results["runs"])
+    return table(["lab", "`python -m labs.check LAB`, on the untouched file", "on the solution"], [
+        [lab, files["untouched"], files["solution"]] for lab, files in checks.items() if lab in labs or not labs]) + [
         "", f"Wall clock with Python's start, one run each, one after the other, nothing else running (the 1-minute "
             f"load average before each, the checks before it included, at most {busiest:.2f}); measured on "
             f"{results['machine']}; {results['date']}, commit {results['commit']}."]
 
 
 # --- compare_steps.py's results.md --------------------------------------------------------------------------------
-
 def steps_results_markdown(results: dict) -> str:
     """compare_steps.py's results.md: what ran where, then each section that has runs."""
     steps, memory, inference = runs(results, "steps"), runs(results, "memory"), runs(results, "inference")
@@ -437,7 +431,6 @@ def memory_rows(memory: list) -> list:
 
 
 # --- device_run.py's results.md ----------------------------------------------------------------------------------
-
 def device_run_markdown(results: dict) -> str:
     """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
     steps = runs(results, "steps")
@@ -476,7 +469,6 @@ def cpu_scaling_table(results: dict) -> list:
 
 
 # --- profile_steps.py's results.md and timeline.png --------------------------------------------------------------
-
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868", "other": "#b0b0b0"}
 KIND_COLORS = {"all_reduce": "#c44e52", "all_gather": "#8172b3", "reduce_scatter": "#937860", "broadcast": "#da8bc3"}
 
@@ -598,7 +590,6 @@ def bars(ax, intervals: list, origin: float, lane: int, color: str, alpha: float
 
 
 # --- ray_overhead.py's results.md --------------------------------------------------------------------------------
-
 def cpu_share_markdown(report: dict) -> str:
     training, others = report["training_processes"], report["other_processes"]
     lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
@@ -619,7 +610,6 @@ def cpu_share_markdown(report: dict) -> str:
 
 
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
-
 SLIDE_RUN_NAMES = {
     "single_machine": "01 one process", "ddp": "01 torchrun DDP", "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
     "ray_ddp": "02 Ray DDP", "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll", "ray_ddp_local": "02 local mode",
@@ -812,19 +802,14 @@ def rewritten(text: str) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a document differs")
-    args = parser.parse_args()
-    stale = []
-    for path in documents():
-        text = path.read_text()
-        new = rewritten(text)
-        if new != text:
-            stale.append(str(path.relative_to(ROOT)))
-            if not args.check:
-                path.write_text(new)
-    if args.check and stale:
-        raise SystemExit(f"error: tables differ from their results.json in {', '.join(stale)}; "
-                         f"run python benchmarks/tables.py")
-    print(("stale: " if args.check else "rewrote: ") + (", ".join(stale) or "nothing"))
+    check = parser.parse_args().check
+    stale = [path for path in documents() if rewritten(path.read_text()) != path.read_text()]
+    names = ", ".join(str(path.relative_to(ROOT)) for path in stale)
+    if check and stale:
+        raise SystemExit(f"error: tables differ from their results.json in {names}; run python benchmarks/tables.py")
+    for path in [] if check else stale:
+        path.write_text(rewritten(path.read_text()))
+    print(("stale: " if check else "rewrote: ") + (names or "nothing"))
 
 
 if __name__ == "__main__":
