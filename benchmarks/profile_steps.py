@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 from common.profiling import WARMUP_STEPS  # noqa: E402
-from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line, made_by  # noqa: E402
+from compare_steps import SCRIPTS, Run, describe_commit, describe_machine, execute, made_by  # noqa: E402
 from tables import write_profile_report  # noqa: E402
 from trace_analysis import summarize  # noqa: E402
 
@@ -83,26 +82,21 @@ def command(name: str, args) -> list:
 
 def profile_variant(name: str, args, out: Path) -> dict:
     """Runs one variant in a fresh run folder, copies its traces into <out>/traces/<name>/."""
-    cmd = command(name, args)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"profile-{name}-"))
-    log_path = out / "logs" / f"{name}.log"
+    step, _, title = VARIANTS[name]
+    run = Run(name, "profile", step, args.num_workers, checkpoint_dir=tempfile.mkdtemp(prefix=f"profile-{name}-"))
     started, load = time.time(), os.getloadavg()[0]  # other work on the machine skews the times
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        returncode = subprocess.call([*cmd, "--checkpoint-dir", str(run_dir)], cwd=ROOT, stdout=log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    variant = dict(name=name, title=VARIANTS[name][2], command=" ".join(cmd), status="failed",
-                   error=None, wall_s=time.time() - started, load_average=load, ranks=[])
-    profiles = sorted(run_dir.glob("**/profile/rank0.json.gz"))
-    if returncode or not profiles:
-        variant["error"] = f"FAILED ({last_error_line(log_path)})"
+    execute(run, command(name, args), out / "logs" / f"{name}.log")
+    variant = dict(name=name, title=title, command=" ".join(command(name, args)), status="failed", error=None,
+                   wall_s=time.time() - started, load_average=load, ranks=[])
+    profiles = sorted(Path(run.checkpoint_dir).glob("**/profile/rank0.json.gz"))
+    if run.status != "ok" or not profiles:
+        variant["error"] = f"FAILED ({run.error or 'no trace written'})"
     else:
         variant["status"], variant["ranks"] = "ok", summarize(profiles[-1].parents[1])["ranks"]
         (out / "traces" / name).mkdir(parents=True, exist_ok=True)
         for rank in variant["ranks"]:  # beside the results: the run folder is deleted
             rank["trace"] = str(Path(shutil.copy(rank["trace"], out / "traces" / name)).relative_to(out))
-    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return variant
 
 
