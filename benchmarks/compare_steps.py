@@ -32,15 +32,10 @@ from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params  # n
 from common.meter import summary_of  # noqa: E402
 
 SCRIPTS = {
-    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py",
-    "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
-    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py",
-    "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
-    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py",
-    "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
-    "ray_tune": "05-ray-tune/tune_ray_ddp.py",
-    "inference": "06-ray-data-inference/batch_inference.py",
-}
+    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py", "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
+    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py", "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
+    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py", "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
+    "ray_tune": "05-ray-tune/tune_ray_ddp.py", "inference": "06-ray-data-inference/batch_inference.py"}
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
 # Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
@@ -78,11 +73,15 @@ def main():
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
     planned = (plan_step_runs(args) + [Run("ray_tune", "tune", "ray_tune", 1, STEP_05_IN_CLASS)]
                + plan_inference_runs(args) + plan_memory_runs(args) + plan_recipe_runs(args))
-    runs = [r for r in planned if selected(r, args.only)]
+    only = set(args.only)  # run names or sections; by default every run but the recipe's
+    runs = [r for r in planned if ({r.name, r.section} & only if only else r.section != "recipe")]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
                          f"{', '.join(r.name for r in planned)}")
-    keep_checkpoints_read_later(runs)
+    reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
+    for run in runs:  # the single-machine steps run keeps the checkpoint that the inference section reads
+        if run.section == "steps" and str(KEPT_CHECKPOINTS / run.name) in reads:
+            run.checkpoint_dir = str(KEPT_CHECKPOINTS / run.name)
     memory_cluster = None
     # One run after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs
     for batch in [list(group) for _, group in groupby(runs, key=lambda r: r.side_by_side or r.name)]:
@@ -252,18 +251,6 @@ def plan_recipe_runs(args) -> list:
     return runs + [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
                        ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
                         str(args.exact_test_images)]) for seed in args.recipe_seeds if args.exact_test_images]
-
-
-def selected(run: Run, only: list) -> bool:
-    return run.name in only or run.section in only if only else run.section != "recipe"
-
-
-def keep_checkpoints_read_later(runs: list) -> None:
-    """The single-machine steps run writes the checkpoint that the inference section reads, if both run."""
-    reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
-    for run in runs:
-        if run.section == "steps" and str(KEPT_CHECKPOINTS / run.name) in reads:
-            run.checkpoint_dir = str(KEPT_CHECKPOINTS / run.name)
 
 
 def start_memory_cluster(args, runs) -> str | None:
