@@ -297,11 +297,11 @@ def lab_times(results: dict, labs: tuple = ()) -> list:
 
 
 # --- compare_steps.py's results.md --------------------------------------------------------------------------------
-def steps_results_markdown(results: dict) -> str:
+def steps_results_markdown(results: dict, title: str = "Benchmark results", about: list = ()) -> str:
     """compare_steps.py's results.md: what ran where, then each section that has runs."""
     steps, memory, inference = runs(results, "steps"), runs(results, "memory"), runs(results, "inference")
     tune, recipe = ok_runs(results, "tune"), runs(results, "recipe")
-    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
+    lines = [f"# {title} ({results['date']})", "", f"Machine: {results['machine']}", "", *about]
     made = made_by_runs(results)
     for (command, date, commit), names in made.items():
         code = f", code: commit {commit}" if commit else ""
@@ -432,21 +432,13 @@ def memory_rows(memory: list) -> list:
 
 # --- device_run.py's results.md ----------------------------------------------------------------------------------
 def device_run_markdown(results: dict) -> str:
-    """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
-    steps = runs(results, "steps")
+    """device_run.py's results.md: compare_steps' sections for the runs on the GPU, then DDP's scaling on the CPUs."""
     dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
-    lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
-             f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
-             f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
-             f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
-             "## Every step on the GPU, one process each", ""]
-    lines += steps_table(results) if any(r.status == "ok" for r in steps) else [
-        "No run finished: " + "; ".join(f"{r.name}: {r.status} ({r.skipped or r.error})" for r in steps) + "."]
-    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table(runs(results, "inference"))
-    lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
-                  "each image and its mirror image, writing Parquet.", "",
-              f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
-    return "\n".join(lines + cpu_scaling_table(results)) + "\n"
+    return steps_results_markdown(results, f"Every step on a GPU, and DDP on {results['cpu_count']} CPU cores", [
+        f"GPU driver {results['driver']}, CUDA {results['cuda']} (torch's); {results['elapsed_s']:.0f} s of a "
+        f"{results['budget_s']:.0f} s budget.{dry}", ""]) + "\n".join(
+        [f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
+        + cpu_scaling_table(results)) + "\n"
 
 
 def cpu_scaling_table(results: dict) -> list:
