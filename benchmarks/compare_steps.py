@@ -4,9 +4,8 @@
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
     python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
 
-What each section runs and measures: benchmarks/README.md. A run this machine cannot do is listed as skipped, with
-the reason. Every number comes from the final JSON line the scripts print; each run's output is kept in <out>/logs/,
-the machine, date and commit in <out>/results.json. --update keeps the runs of <out>/results.json it does not redo.
+What each section runs and measures: benchmarks/README.md. Every number comes from the final JSON line the scripts
+print; each run's output is kept in <out>/logs/, the machine, date and commit in <out>/results.json.
 """
 import argparse
 import json

@@ -1,11 +1,9 @@
 """How long each lab's check takes, on its untouched starting file and on its solution, as an attendee runs it.
 
-    python benchmarks/lab_times.py --out benchmarks/published/lab-times
+    python benchmarks/lab_times.py --out benchmarks/published/lab-times   # with nothing else running
 
-Each run is `python -m labs.check LAB` (or with `--file` the solution), one after the other, timed wall clock
-with Python's start, the Ray labs starting their own Ray as on a laptop. Run it with nothing else on the machine:
-the load average before each run is recorded beside it. The tables of labs/README.md and the step READMEs are
-rendered from <out>/results.json (benchmarks/tables.py).
+`python -m labs.check LAB` (with `--file` for the solution), one after the other, timed wall clock with Python's
+start; the load average before each run is recorded beside it. tables.py renders the tables from results.json.
 """
 import argparse
 import json

@@ -4,9 +4,8 @@
     python benchmarks/profile_steps.py --data-dir ../shared/data/cifar10 --profile-steps 4
 
 Every variant is a Ray Train run of its step script with --profile-steps N (common/profiling.py); DDP runs as step
-02, not step 01, so that the variants differ by their strategy only, not by their launcher. Writes into --out the
-traces (traces/<variant>/rank<r>.json.gz, for https://ui.perfetto.dev), results.json (per variant and rank, every
-profiled step as trace_analysis.py reads it) and, by tables.py, results.md and timeline.png.
+02, not 01, so that the variants differ by their strategy only, not by their launcher. Writes the traces, results.json
+(every profiled step as trace_analysis.py reads it) and, by tables.py, results.md and timeline.png to --out.
 """
 import argparse
 import json

@@ -2,12 +2,8 @@
 
     python benchmarks/ray_overhead.py cpu-share --out DIR -- COMMAND...
 
-Starts COMMAND; --after seconds later (into the first epoch's training loop) and again --seconds later reads the CPU
-time and context switches of every process and thread from /proc, and the steps on rank 0's progress bar; then stops
-the command. A process that used over half a core in that window is a training process; its busiest thread, its
-training thread: how often the kernel took the CPU from it (involuntary switches: another thread got the core) and how
-often it gave the CPU up (voluntary: it waited, for a peer's gradients for instance). Writes results.json to --out,
-and results.md from it (tables.py's).
+What it reads, and when: benchmarks/README.md. A process over half a core in the window is a training process, its
+busiest thread its training thread. Writes results.json to --out, and results.md from it (tables.py's).
 """
 import argparse
 import json

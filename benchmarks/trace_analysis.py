@@ -1,22 +1,17 @@
-"""Where the time of a profiled step went, read from the traces that --profile-steps writes (common/profiling.py):
-per optimizer step, the time in forward, backward and the optimizer, the calls and time of each collective, and
-how much of the communication overlapped compute. Never run inside the training processes:
+"""Where the time of a profiled step went, read from the traces that --profile-steps writes (common/profiling.py),
+outside the training processes: per optimizer step, forward, backward and the optimizer, the calls and time of each
+collective, and how much of the communication overlapped compute.
 
     python benchmarks/trace_analysis.py RUN_FOLDER     # the table, for a run's profile/rank<r>.json.gz
 
-How it reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by tests/test_profiling.py):
-- One training thread runs forward, backward (autograd runs CPU work on the thread that called backward()) and the
-  optimizer. Backward runs from the first autograd::engine::evaluate_function to Optimizer.step#...; forward from
-  the model's first event (DDP's or FSDP's forward, or the first operator autograd records) to backward. The rest
-  of the step (the next batch, augmentation, the scheduler) is "other".
-- Each collective shows where it was issued, on the training thread (c10d::allreduce_, ...: what the strategy asked
-  for), and where it ran, on one of gloo's threads (gloo:all_reduce, ...), waits for the other ranks included. gloo
-  has no reduce-scatter: it all-reduces the whole tensor and keeps its slice, so FSDP's reduce-scatters run as
-  gloo:all_reduce. Calls are counted where they were issued; their time is that of their run.
-- Compute is the training thread's time in operators (aten::*): waiting for a collective is a gap between them.
-  Overlapped: the part of the communication time during which it computed.
-On GPUs (one GPU's trace was read) the trace also holds the GPU's timeline: a collective runs as an NCCL kernel,
-compute is the other kernels, and the phases, timed on the CPU, are mostly the time to launch the GPU's work.
+How it reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by tests/test_profiling.py): one training
+thread runs forward, backward (autograd runs CPU work on the thread that called backward()) and the optimizer.
+Backward runs from the first autograd::engine::evaluate_function to Optimizer.step#...; forward from the model's first
+event to backward; the rest of the step (the next batch, augmentation) is "other". Each collective shows where it was
+issued, on the training thread (c10d::...), and where it ran, on a gloo thread (gloo:..., waits for the other ranks
+included; gloo runs a reduce-scatter as an all-reduce): calls are counted where issued, time where run. Compute is the
+training thread's time in operators (aten::*); overlapped, the communication time during which it computed. On GPUs
+(one GPU's trace was read) a collective runs as an NCCL kernel and compute is the other kernels.
 """
 import bisect
 import gzip
@@ -82,8 +77,7 @@ def backward_passes(events: list[dict], forward_starts: list, optimizer_steps: l
     """(start, end) of each backward(): autograd's functions until a forward starts. The pass that the optimizer follows
     lasts until the optimizer starts: after autograd's last function, DDP still waits there for its last all-reduce."""
     passes = []
-    functions = sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION))
-    for start, end in functions:
+    for start, end in sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION)):
         if passes and not starts_between(forward_starts, passes[-1][1], start):
             passes[-1] = (passes[-1][0], max(passes[-1][1], end))
         else:
@@ -124,9 +118,7 @@ def compute_intervals(events: list[dict], thread) -> list[tuple]:
     """When the device computed: GPU kernels other than NCCL's when the trace has any, else the
     training thread's operators."""
     kernels = [span(e) for e in events if e.get("cat") == "kernel" and not is_run(e)]
-    if kernels:
-        return union(kernels)
-    return union(span(e) for e in events if e["tid"] == thread and e["name"].startswith("aten::"))
+    return union(kernels or [span(e) for e in events if e["tid"] == thread and e["name"].startswith("aten::")])
 
 
 def collectives(events: list[dict]) -> list[dict]:
@@ -171,8 +163,7 @@ def outermost(events: list[dict]) -> list[dict]:
 
 def breakdown(parts: dict) -> dict:
     """A step's milliseconds: phases, each collective kind (calls, ms), communication, overlap."""
-    forward, backward = union(parts["forward"]), union(parts["backward"])
-    optimizer = union(parts["optimizer"])
+    forward, backward, optimizer = union(parts["forward"]), union(parts["backward"]), union(parts["optimizer"])
     busy = union(forward + backward + optimizer)
     phases = dict(step=parts["end"] - parts["start"],
                   forward=total(forward) - total(intersection(forward, optimizer)),
@@ -193,13 +184,10 @@ def mean(steps: list[dict]) -> dict:
     """The steps' average: every number, and every collective's calls and ms."""
     def average(values):
         return sum(values) / len(steps)
-
-    result = {key: average(s[key] for s in steps) for key in steps[0] if key.endswith("_ms")}
     kinds = sorted({kind for s in steps for kind in s["collectives"]})
-    result["collectives"] = {
-        kind: {field: average(s["collectives"].get(kind, {}).get(field, 0) for s in steps)
-               for field in ("calls", "ms")} for kind in kinds}
-    return result
+    return dict({key: average(s[key] for s in steps) for key in steps[0] if key.endswith("_ms")}, collectives={
+        kind: {field: average(s["collectives"].get(kind, {}).get(field, 0) for s in steps) for field in ("calls", "ms")}
+        for kind in kinds})
 
 
 def span(event: dict) -> tuple:
