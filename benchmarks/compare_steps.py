@@ -393,8 +393,8 @@ def measure_ray_start() -> float:
     """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
     code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
             "ray.init(address='local', **init_options('local')); print(time.time() - t)")
-    printed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(printed.stdout.strip().splitlines()[-1])
+    return float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

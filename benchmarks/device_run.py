@@ -46,8 +46,7 @@ MIN_RUN_S = 20  # a run is not started with less of the budget left
 
 
 class FlagsAccepted(BaseException):
-    """Raised in place of running a step, once its parser has accepted the flags (a BaseException: a step's own
-    `except Exception` cannot catch it)."""
+    """Raised in place of running a step once its parser accepted the flags; a step's `except Exception` lets it by."""
 
 
 def main():
@@ -90,7 +89,8 @@ def parse_args():
                    help="on the GPU (32: all 4,096 synthetic training images at the global batch of 128)")
     p.add_argument("--cpu-steps-per-epoch", type=int, default=6, help="on the CPUs")
     p.add_argument("--processes", type=int, nargs="+", default=[1, 8, 2, 4],
-                   help="CPU runs' sizes, in this order: the ends first, so that a spent budget loses a middle one")
+                   help="CPU runs' sizes, in this order: the ends first, so that a spent budget loses a middle one "
+                        "(each must divide the global batch of 128: the steps' own parsers refuse others)")
     p.add_argument("--threads-per-process", type=int, default=2, help="CPU runs: OMP_NUM_THREADS of each process")
     p.add_argument("--budget-s", type=float, default=450, help="all the runs together; each also has its own limit")
     # Not flags: the steps' global batch, and every evaluation image on the GPU (TINY's differ)
@@ -101,9 +101,6 @@ def parse_args():
     for flag in ("--steps-per-epoch", "--cpu-steps-per-epoch", "--threads-per-process", "--budget-s"):
         if getattr(args, flag[2:].replace("-", "_")) <= 0:
             p.error(f"{flag} must be more than 0")
-    if uneven := [n for n in args.processes if n < 1 or GLOBAL_BATCH % n]:
-        p.error(f"--processes {' '.join(map(str, uneven))}: the global batch of {GLOBAL_BATCH} images does not split "
-                f"over that many processes; use divisors of {GLOBAL_BATCH}, such as 1 2 4 8")
     if not shutil.which("timeout"):
         p.error("no `timeout` command (GNU coreutils), which holds each run to its limit; install coreutils")
     if not args.dry_run and not torch.cuda.is_available():
@@ -146,7 +143,7 @@ def step_command(run: Run, args) -> list:
     """compare_steps' command for the run, with this script's sizes: the CPU runs' epochs are shorter."""
     steps = args.cpu_steps_per_epoch if run.section == "scaling" else args.steps_per_epoch
     settings = argparse.Namespace(model=args.model, data="synthetic", data_dir=None, epochs=args.epochs,
-                                  batch_size=args.batch_size, steps_per_epoch=steps,
+                                  steps_per_epoch=steps, batch_size=args.batch_size,
                                   eval_images=None)  # in each run's flags: the GPU's and the CPUs' differ
     return command(run, settings, None)
 

@@ -255,10 +255,9 @@ def local_mode_table(results: dict) -> list:
 
 
 def tune_sweep(results: dict) -> list:
-    def best(t):
-        accuracy = f"{t['best_accuracy']:.2%}"
-        return f"**{accuracy}**" if t is results["best"] or t["trial_id"] == results["best"]["trial_id"] else accuracy
-    rows = [[f"`{t['searched']}`" + (" (trial 0, the recipe)" if t["trial_id"].endswith("00000") else ""), best(t),
+    best = results["best"]["trial_id"]
+    rows = [[f"`{t['searched']}`" + (" (trial 0, the recipe)" if t["trial_id"].endswith("00000") else ""),
+             f"**{t['best_accuracy']:.2%}**" if t["trial_id"] == best else f"{t['best_accuracy']:.2%}",
              f"{t['epochs_run']}" + (" (ASHA)" if t["stopped_early"] else "")]
             for t in sorted(results["trials"], key=lambda t: -(t["best_accuracy"] or 0))]
     return (table(["searched flags", "best validation accuracy", "epochs run"], rows)
@@ -304,9 +303,8 @@ def steps_results_markdown(results: dict, title: str = "Benchmark results", abou
     lines = [f"# {title} ({results['date']})", "", f"Machine: {results['machine']}", "", *about]
     made = made_by_runs(results)
     for (command, date, commit), names in made.items():
-        code = f", code: commit {commit}" if commit else ""
-        which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
-        lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
+        lines += [f"Command: `python benchmarks/{command}` ({date}" + (f", code: commit {commit}" if commit else "")
+                  + (f"; runs: {', '.join(names)})" if len(made) > 1 else ")"), ""]
     if steps:
         lines += steps_markdown(steps) + ["", TIMING_NOTE, "", "## Launch to first step, phase by phase (s)", ""]
         lines += startup_rows(steps, lambda r: r.name)
@@ -531,9 +529,8 @@ def draw_timeline(variants: list, out: Path) -> Path:
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=11, frameon=False)
     fig.text(0.5, 0.01, TIMELINE_CAPTION, ha="center", fontsize=10, color="#444444")
     fig.tight_layout(rect=(0, 0.035, 1, 0.95))
-    path = out / "timeline.png"
-    fig.savefig(path, dpi=120)
-    return path
+    fig.savefig(out / "timeline.png", dpi=120)
+    return out / "timeline.png"
 
 
 def draw_variant(ax, variant: dict, out: Path) -> None:
