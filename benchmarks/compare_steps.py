@@ -20,7 +20,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -82,6 +82,14 @@ def main():
         if run.section == "steps" and str(KEPT_CHECKPOINTS / run.name) in reads:
             run.checkpoint_dir = str(KEPT_CHECKPOINTS / run.name)
     memory_cluster = None
+
+    def execute_or_skip(run: Run) -> Run:
+        if run.skipped:
+            run.status = "skipped"
+        else:
+            address = args.address or (memory_cluster if run.section == "memory" else None)
+            execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
+        return run
     # One run after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs
     for batch in [list(group) for _, group in groupby(runs, key=lambda r: r.side_by_side or r.name)]:
         if memory_cluster is None and batch[0].section == "memory":  # not before: the steps start their own Ray
@@ -90,7 +98,7 @@ def main():
             print(f"[{runs.index(run) + 1}/{len(runs)}] {run.name}: " + ("started" if len(batch) > 1 else ""),
                   end="\n" if len(batch) > 1 else "", flush=True)
         with ThreadPoolExecutor(len(batch)) as pool:  # one run at a time, but for the recipe's seeds
-            for run in pool.map(execute_or_skip, batch, repeat(args), repeat(memory_cluster), repeat(out)):
+            for run in pool.map(execute_or_skip, batch):
                 print((f"{run.name}: " if len(batch) > 1 else "") + outcome_line(run), flush=True)
     if memory_cluster:
         import ray
@@ -135,15 +143,6 @@ def updated(previous: dict, results: dict) -> dict:
     merged = [new.pop(r["name"], {**r, "made_by": r.get("made_by") or provenance}) for r in previous["runs"]]
     return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"),
             "runs": merged + list(new.values())}
-
-
-def execute_or_skip(run: Run, args, memory_cluster: str | None, out: Path) -> Run:
-    if run.skipped:
-        run.status = "skipped"
-    else:
-        address = args.address or (memory_cluster if run.section == "memory" else None)
-        execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
-    return run
 
 
 def parse_args():

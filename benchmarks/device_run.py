@@ -62,8 +62,11 @@ def main():
         check_commands(plan_runs(args, checkpoints), args)
         settings = argparse.Namespace(**{**vars(args), **TINY}) if args.dry_run else args
         runs = plan_runs(settings, checkpoints)
-        if args.dry_run:
-            leave_all_but_two(runs)
+        if args.dry_run:  # two runs, one per way a step starts: python (step 01 alone; the Ray steps too), torchrun
+            torchrun = next(r.name for r in runs if r.section == "scaling" and r.step == "ddp")
+            for run in runs:
+                if run.name not in ("single_machine", torchrun) and not run.skipped:
+                    run.skipped = "dry run: its command was checked by its step's parser, not run"
         results = describe_run(settings, runs)
         for number, run in enumerate(runs, 1):
             start_or_skip(run, runs, settings, started, out)
@@ -128,15 +131,6 @@ def plan_runs(args, checkpoints: Path) -> list:
         runs += [Run(f"cpu_torchrun_ddp_n{n}", "scaling", "ddp", n, evaluation, env=env),
                  Run(f"cpu_ray_ddp_n{n}", "scaling", "ray_ddp", n, NO_RETRY + ["--no-gpu"] + evaluation, env=env)]
     return runs
-
-
-def leave_all_but_two(runs: list) -> None:
-    """--dry-run runs two of the runs, one per way a step is started: a plain python command (step 01 alone; the Ray
-    steps start the same way) and torchrun (on the CPUs, with the CPU runs' environment)."""
-    torchrun = next(r.name for r in runs if r.section == "scaling" and r.step == "ddp")
-    for run in runs:
-        if run.name not in ("single_machine", torchrun) and not run.skipped:
-            run.skipped = "dry run: its command was checked by its step's parser, not run"
 
 
 def step_command(run: Run, args) -> list:

@@ -119,7 +119,6 @@ def machine_ticks() -> int:
 def summarize(before: dict, after: dict, machine_busy: int, steps: int, seconds: float, command: list) -> dict:
     def cores(ticks: int) -> float:
         return ticks / TICKS / seconds
-
     per_process, per_thread = defaultdict(int), defaultdict(lambda: defaultdict(int))
     names, busiest = {}, {}
     for key, (name, thread, ticks, voluntary, involuntary) in after.items():
@@ -134,8 +133,7 @@ def summarize(before: dict, after: dict, machine_busy: int, steps: int, seconds:
     training = [pid for pid, ticks in per_process.items() if cores(ticks) > 0.5]
     return dict(
         command=" ".join(command), machine=describe_machine(), window_s=seconds, cpus=os.cpu_count(),
-        machine_busy_cores=cores(machine_busy),
-        steps_per_s=steps / seconds,
+        machine_busy_cores=cores(machine_busy), steps_per_s=steps / seconds,
         training_processes=[dict(pid=int(pid), name=names[pid], cores=cores(per_process[pid]),
                                  threads={t: cores(n) for t, n in sorted(per_thread[pid].items(), key=lambda x: -x[1])
                                           if cores(n) >= 0.001},

@@ -683,11 +683,10 @@ def ray_start_slide(results: dict) -> list:
     steps = ok_runs(results, "steps")
     if results.get("ray_start_s") is None or "ray_ddp" not in steps:
         return ["Not measured yet."]
-    line = (f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
-            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s")
-    if "ddp" in steps:
-        line += f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)"
-    return [line, "", f"{slide_measured_on(results)}: the steps table"]
+    torchrun = f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)" if "ddp" in steps else ""
+    return [f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
+            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s{torchrun}", "",
+            f"{slide_measured_on(results)}: the steps table"]
 
 
 def comparison_slide(results: dict) -> list:

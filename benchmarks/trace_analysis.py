@@ -66,7 +66,9 @@ def step_parts(events: list[dict], step: dict) -> dict:
     mine = [e for e in inside if e["tid"] == thread]
     optimizer_steps = [span(e) for e in mine if e["name"].startswith("Optimizer.step#")]
     zero_grads = [span(e) for e in mine if e["name"].startswith("Optimizer.zero_grad#")]
-    forward_starts = sorted(e["ts"] for e in mine if is_forward_start(e))
+    # a forward starts at DDP's or FSDP1's forward, FSDP2's forward hooks, or an operator that autograd records
+    forward_starts = sorted(e["ts"] for e in mine if e["ph"] == "s" or e["name"].endswith(".forward")
+                            or e["name"].startswith(("FSDP::root_pre_forward", "FSDP::pre_forward")))
     backward = backward_passes(inside, forward_starts, optimizer_steps)
     return dict(start=start, end=end, forward=forward_passes(forward_starts, backward, start),
                 backward=backward, optimizer=optimizer_steps + zero_grads,
@@ -105,13 +107,6 @@ def starts_between(starts: list, begin: float, end: float) -> bool:
     """Whether a sorted list holds a time in [begin, end)."""
     first = bisect.bisect_left(starts, begin)
     return first < len(starts) and starts[first] < end
-
-
-def is_forward_start(event: dict) -> bool:
-    """DDP's or FSDP1's forward, FSDP2's forward hooks, or an operator that autograd records."""
-    name = event["name"]
-    return (event["ph"] == "s" or name.endswith(".forward")
-            or name.startswith(("FSDP::root_pre_forward", "FSDP::pre_forward")))
 
 
 def compute_intervals(events: list[dict], thread) -> list[tuple]:
