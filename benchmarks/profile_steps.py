@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 from common.profiling import WARMUP_STEPS  # noqa: E402
-from compare_steps import SCRIPTS, Run, describe_commit, describe_machine, execute, made_by  # noqa: E402
+from compare_steps import Run, command, describe_commit, describe_machine, execute, made_by  # noqa: E402
 from tables import write_profile_report  # noqa: E402
 from trace_analysis import summarize  # noqa: E402
 
@@ -68,24 +68,18 @@ def parse_args():
     return p.parse_args()
 
 
-def command(name: str, args) -> list:
-    """One epoch just long enough for the warm-up and the profile, a short evaluation, no retry."""
-    step, flags, _ = VARIANTS[name]
-    return [sys.executable, str(ROOT / SCRIPTS[step]), "--model", args.model, "--data", args.data,
-            "--epochs", "1", "--steps-per-epoch", str(WARMUP_STEPS + args.profile_steps),
-            "--batch-size", str(args.batch_size), "--eval-images", str(args.batch_size),
-            "--profile-steps", str(args.profile_steps), "--num-workers", str(args.num_workers),
-            "--max-failures", "0", *flags, *(["--data-dir", args.data_dir] if args.data_dir is not None else []),
-            *(["--address", args.address] if args.address is not None else [])]
-
-
 def profile_variant(name: str, args, out: Path) -> dict:
     """Runs one variant in a fresh run folder, copies its traces into <out>/traces/<name>/."""
-    step, _, title = VARIANTS[name]
-    run = Run(name, "profile", step, args.num_workers, checkpoint_dir=tempfile.mkdtemp(prefix=f"profile-{name}-"))
+    step, flags, title = VARIANTS[name]
+    profile = ["--profile-steps", str(args.profile_steps), "--max-failures", "0"]  # and no retry
+    run = Run(name, "profile", step, args.num_workers, profile + flags,
+              checkpoint_dir=tempfile.mkdtemp(prefix=f"profile-{name}-"))
+    # one epoch just long enough for the warm-up and the profile, a short evaluation
+    cmd = command(run, argparse.Namespace(**vars(args), epochs=1, steps_per_epoch=WARMUP_STEPS + args.profile_steps,
+                                          eval_images=args.batch_size), args.address)
     started, load = time.time(), os.getloadavg()[0]  # other work on the machine skews the times
-    execute(run, command(name, args), out / "logs" / f"{name}.log")
-    variant = dict(name=name, title=title, command=" ".join(command(name, args)), status="failed", error=None,
+    execute(run, cmd, out / "logs" / f"{name}.log")
+    variant = dict(name=name, title=title, command=" ".join(cmd), status="failed", error=None,
                    wall_s=time.time() - started, load_average=load, ranks=[])
     profiles = sorted(Path(run.checkpoint_dir).glob("**/profile/rank0.json.gz"))
     if run.status != "ok" or not profiles:
