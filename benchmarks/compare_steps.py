@@ -300,8 +300,7 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a fresh run, not the resumption of an old one
     if run.step != "inference":
         cmd = [*cmd, "--checkpoint-dir", checkpoint_dir]
-    launched = time.time()
-    summary, seen_at = None, None
+    launched, summary, seen_at = time.time(), None, None
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **run.env}, text=True,

@@ -51,8 +51,7 @@ class FlagsAccepted(BaseException):
 
 def main():
     args = parse_args()
-    started = time.time()
-    out = Path(args.out)
+    started, out = time.time(), Path(args.out)
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -146,27 +145,25 @@ def check_commands(runs: list, args) -> None:
     """Every planned command through its step's own parser and checks (and torchrun's), without running it: in one
     fresh process per GPU visibility, since whether a GPU is visible changes what the steps accept."""
     by_visibility = {}
-    for run in runs:
-        if not run.skipped:
-            entry = dict(name=run.name, argv=step_command(run, args)[1:], env=run.env)
-            by_visibility.setdefault(run.env.get("CUDA_VISIBLE_DEVICES"), []).append(entry)
+    for run in (r for r in runs if not r.skipped):
+        by_visibility.setdefault(run.env.get("CUDA_VISIBLE_DEVICES"), []).append(
+            dict(name=run.name, argv=step_command(run, args)[1:], env=run.env))
+
+    def refusals_in_a_fresh_process(visibility_and_entries: tuple) -> list:
+        visibility, entries = visibility_and_entries
+        env = {**os.environ, **({} if visibility is None else {"CUDA_VISIBLE_DEVICES": visibility})}
+        code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import device_run; device_run.print_refusals()"
+        result = subprocess.run([sys.executable, "-c", code], input=json.dumps(entries), cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        try:
+            return json.loads(result.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            return [f"the check itself failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}"]
     with ThreadPoolExecutor(len(by_visibility)) as pool:
         refusals = [r for found in pool.map(refusals_in_a_fresh_process, by_visibility.items()) for r in found]
     if refusals:
         raise SystemExit(f"error: planned commands refused by their step's parser: {'; '.join(refusals)}; fix "
                          f"their flags in benchmarks/device_run.py")
-
-
-def refusals_in_a_fresh_process(visibility_and_entries: tuple) -> list:
-    visibility, entries = visibility_and_entries
-    env = {**os.environ, **({} if visibility is None else {"CUDA_VISIBLE_DEVICES": visibility})}
-    code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import device_run; device_run.print_refusals()"
-    result = subprocess.run([sys.executable, "-c", code], input=json.dumps(entries), cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
-    try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return [f"the check itself failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}"]
 
 
 def print_refusals() -> None:

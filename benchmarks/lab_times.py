@@ -36,12 +36,10 @@ def main():
 def time_check(lab: str, solution: bool) -> dict:
     """One check, as an attendee runs it: its wall time, its verdict, and how busy the machine was before."""
     flags = ["--file", str(Path("labs", "solutions", LABS[lab].file))] if solution else []
-    load = os.getloadavg()[0]
-    start = time.monotonic()
+    load, start = os.getloadavg()[0], time.monotonic()
     done = subprocess.run([sys.executable, "-m", "labs.check", lab, *flags], cwd=ROOT, capture_output=True, text=True)
-    seconds = time.monotonic() - start
     verdict = re.findall(r"^(\d+ of \d+) checks passed", done.stdout, flags=re.MULTILINE)
-    run = dict(lab=lab, file="solution" if solution else "untouched", seconds=round(seconds, 1),
+    run = dict(lab=lab, file="solution" if solution else "untouched", seconds=round(time.monotonic() - start, 1),
                exit_code=done.returncode, passed=verdict[-1] if verdict else None, load_before=round(load, 2))
     print(json.dumps(run), flush=True)
     return run

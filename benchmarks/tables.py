@@ -84,8 +84,10 @@ def measured_on(results: dict) -> str:
     made = made_by_runs(results)
     if len(made) <= 1:
         return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
-    return f"{results['machine']}; " + "; ".join(f"{', '.join(leading(names))}: {date}, commit {commit}"
-                                                  for (_, date, commit), names in made.items())
+    # a run that follows another goes without saying (recipe_seed0_exact scores recipe_seed0's checkpoint)
+    leading = [[n for n in names if not any(n.startswith(f"{m}_") for m in names)] for names in made.values()]
+    return f"{results['machine']}; " + "; ".join(f"{', '.join(names)}: {date}, commit {commit}"
+                                                  for (_, date, commit), names in zip(made, leading, strict=True))
 
 
 def made_by_runs(results: dict) -> dict:
@@ -95,11 +97,6 @@ def made_by_runs(results: dict) -> dict:
         m = r.get("made_by") or results
         made.setdefault((m["command"], m["date"], m.get("commit")), []).append(r["name"])
     return made
-
-
-def leading(names: list) -> list:
-    """The names without the runs that follow one of them (recipe_seed0_exact scores recipe_seed0's checkpoint)."""
-    return [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
 
 
 def epochs_trained(results: dict, summary: dict) -> str:
@@ -192,10 +189,10 @@ def path_table(results: dict) -> list:
             + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"])
 
 
-COMPARED = [("ddp", "torchrun DDP (01)", "01-vanilla-pytorch-ddp/train_ddp.py"),
-            ("ray_ddp", "Ray DDP (02)", "02-ray-train-ddp/train_ray_ddp.py"),
-            ("ray_fsdp", "Ray FSDP1 (03)", "03-ray-train-fsdp/train_ray_fsdp.py"),
-            ("ray_fsdp2", "Ray FSDP2 (04)", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
+COMPARED = [("ddp", "torchrun DDP (01)", "torchrun DDP", "01-vanilla-pytorch-ddp/train_ddp.py"),  # and on a slide
+            ("ray_ddp", "Ray DDP (02)", "Ray DDP", "02-ray-train-ddp/train_ray_ddp.py"),
+            ("ray_fsdp", "Ray FSDP1 (03)", "FSDP1", "03-ray-train-fsdp/train_ray_fsdp.py"),
+            ("ray_fsdp2", "Ray FSDP2 (04)", "FSDP2", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
 BY_HAND = {"ddp": "process group, sampler and `set_epoch`, DDP wrap, metric reduction, rank-0 output, launch "
                   "on every node, `--resume` after a restart",
            "ray_ddp": "`set_epoch`, metric reduction, a report on every rank",
@@ -221,7 +218,7 @@ def comparison_table(results: dict) -> list:
     previous = designed_pairs()  # the step before each script
 
     def row(label, cell):
-        return [label] + [cell(name, script) for name, _, script in COMPARED]
+        return [label] + [cell(name, script) for name, _, _, script in COMPARED]
 
     def measured_cell(value):
         return lambda name, script: value(steps[name]) if name in steps else "-"
@@ -239,7 +236,7 @@ def comparison_table(results: dict) -> list:
             row("training images/s, 2 processes", measured_cell(speed))]
     first = next(iter(steps.values())).summary if steps else {}
     trained = epochs_trained(results, first) if first else "one epoch"
-    return table([""] + [title for _, title, _ in COMPARED], rows) + [
+    return table([""] + [title for _, title, _, _ in COMPARED], rows) + [
         "", f"{trained.capitalize()} of `{first.get('model')}`, global batch {first.get('global_batch_size')}; the "
             f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."]
 
@@ -428,7 +425,6 @@ def memory_rows(memory: list) -> list:
                   "total state (GiB)", "peak (GiB)"], [row(r) for r in memory])
 
 
-# --- device_run.py's results.md ----------------------------------------------------------------------------------
 def device_run_markdown(results: dict) -> str:
     """device_run.py's results.md: compare_steps' sections for the runs on the GPU, then DDP's scaling on the CPUs."""
     dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
@@ -481,7 +477,12 @@ def profile_results_markdown(results: dict) -> str:
              f"{results['warmup_steps']} warm-up steps. Communication: each collective's calls per step "
              "and their milliseconds in all, as gloo's threads ran them (waits for the other rank included). "
              "Overlapped: the communication time during which the training thread computed.", ""]
-    return "\n".join(lines + profile_table(results) + ["", PROFILE_NOTE]) + "\n"
+    return "\n".join(lines + profile_table(results) + [
+        "", "On CPUs each rank is a training thread plus gloo's threads, and the ranks share the cores. DDP issues "
+            "each gradient bucket's all-reduce during backward, which can overlap the rest of backward. FSDP1 and "
+            "FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they issue it (no CUDA streams to "
+            "overlap on), and gloo has no reduce-scatter: it all-reduces the whole tensor and keeps its slice. A "
+            "collective's time includes waiting for the slower rank."]) + "\n"
 
 
 def profile_table(results: dict) -> list:
@@ -500,14 +501,6 @@ def profile_table(results: dict) -> list:
                   "overlapped"], rows)
 
 
-PROFILE_NOTE = (
-    "On CPUs each rank is a training thread plus gloo's threads, and the ranks share the cores. "
-    "DDP issues each gradient bucket's all-reduce during backward, which can overlap the rest of "
-    "backward. FSDP1 and FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they "
-    "issue it (no CUDA streams to overlap on), and gloo has no reduce-scatter: it all-reduces the "
-    "whole tensor and keeps its slice. A collective's time includes waiting for the slower rank.")
-TIMELINE_CAPTION = ("compute: the training thread, solid while in an operator, pale while in the phase but "
-                    "not computing (waiting, Python); comm: gloo's threads running collectives")
 
 
 def draw_timeline(variants: list, out: Path) -> Path:
@@ -527,7 +520,9 @@ def draw_timeline(variants: list, out: Path) -> Path:
     handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()] + [
         Patch(color=c, label=k.replace("_", "-")) for k, c in KIND_COLORS.items() if k in kinds]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=11, frameon=False)
-    fig.text(0.5, 0.01, TIMELINE_CAPTION, ha="center", fontsize=10, color="#444444")
+    fig.text(0.5, 0.01, "compute: the training thread, solid while in an operator, pale while in the phase but not "
+             "computing (waiting, Python); comm: gloo's threads running collectives", ha="center", fontsize=10,
+             color="#444444")
     fig.tight_layout(rect=(0, 0.035, 1, 0.95))
     fig.savefig(out / "timeline.png", dpi=120)
     return out / "timeline.png"
@@ -578,7 +573,6 @@ def bars(ax, intervals: list, origin: float, lane: int, color: str, alpha: float
                        (lane - 0.4, 0.8), color=color, alpha=alpha, linewidth=0)
 
 
-# --- ray_overhead.py's results.md --------------------------------------------------------------------------------
 def cpu_share_markdown(report: dict) -> str:
     training, others = report["training_processes"], report["other_processes"]
     lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
@@ -636,8 +630,7 @@ def steps_findings_slide(results: dict) -> list:
     steps = ok_runs(results, "steps")
     ips = {name: steady_images_per_s(r.summary) for name, r in steps.items()}
     lines = []
-    same = [n for n in ("ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2") if n in steps]
-    if same:
+    if same := [n for n in ("ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2") if n in steps]:
         accuracies = sorted({f"{steps[n].summary['test_accuracy']:.2%}" for n in same})
         lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
     if "ddp" in ips and "ray_ddp" in ips:
@@ -647,9 +640,8 @@ def steps_findings_slide(results: dict) -> list:
         # no baseline: Ray gives a worker one CPU and one thread, so its gain to 2 workers is mostly threads.
         lines.append(f"- 1 process to 2, each run on both cores: {ips['ddp'] / ips['single_machine']:.2f}x the "
                      f"images/s (one process, then torchrun DDP)")
-    starts = [(label, steps[n].launch_to_first_step_s) for n, label in
-              [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]
-    if starts:
+    if starts := [(label, steps[n].launch_to_first_step_s) for n, label in
+                  [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]:
         lines.append("- Launch to first step: " + ", ".join(f"{label} {s:.1f} s" for label, s in starts))
     if not lines:
         return ["Not measured yet."]
@@ -692,11 +684,10 @@ def ray_start_slide(results: dict) -> list:
 def comparison_slide(results: dict) -> list:
     """"Which one when", measured: the four strategies side by side, in cells short enough for a slide."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
-    names = [("ddp", "torchrun DDP"), ("ray_ddp", "Ray DDP"), ("ray_fsdp", "FSDP1"), ("ray_fsdp2", "FSDP2")]
-    ips = {n: steady_images_per_s(steps[n].summary) for n, _ in names if n in steps}
+    ips = {n: steady_images_per_s(steps[n].summary) for n, *_ in COMPARED if n in steps}
 
     def row(label, cell):
-        return [label] + [cell(n) for n, _ in names]
+        return [label] + [cell(n) for n, *_ in COMPARED]
     rows = [row("images/s, 2 ranks", lambda n: f"{ips[n]:,.0f}" if n in ips else "-"),
             row("of torchrun's", lambda n: f"{ips[n] / ips['ddp']:.2f}" if n in ips and "ddp" in ips else "-"),
             row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-"),
@@ -706,7 +697,7 @@ def comparison_slide(results: dict) -> list:
             # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
             row("a crash", lambda n: "all restart" if n == "ddp" else "restarts")]
     first = next(iter(steps.values())).summary if steps else {}
-    return table([""] + [title for _, title in names], rows) + [
+    return table([""] + [title for _, _, title, _ in COMPARED], rows) + [
         "", f"{slide_measured_on(results)}: `{first.get('model')}`"]
 
 
