@@ -1,20 +1,11 @@
-"""Runs the workshop's steps side by side with identical settings; writes a results table and plots.
+"""Runs the workshop's steps side by side with identical settings; writes a results table.
 
     python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
     python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
 
-Four sections. "steps" runs every step script with the same model, data, global batch, epochs and
-workers, and compares them: Ray vs torchrun (throughput and start-up), 1 vs N workers, accuracy.
-"memory" runs the largest model for one step under DDP (step 02) and FSDP2 (step 04) on 1, 2 and 4
-workers, with and without CPU offload, and tabulates each rank's own memory report. "inference"
-runs step 06 with 1 and 2 Ray Data actors on the checkpoint of the steps section's single-machine
-run. "recipe" (only when asked for) trains step 01 with the steps' defaults for --recipe-epochs
-with each of --recipe-seeds, and scores each checkpoint with step 06 (on the first --exact-test-images too, if
-given). A run this machine cannot do is listed as skipped, with the reason. Every number comes from
-the final JSON line the scripts print; each run's full output is kept in <out>/logs/, and the
-machine, the date and the commit in <out>/results.json. --update keeps the runs of <out>/results.json that
-this command does not redo (each run records the command, date and commit that made it).
+What each section runs and measures: benchmarks/README.md. Every number comes from the final JSON line the scripts
+print; each run's output is kept in <out>/logs/, the machine, date and commit in <out>/results.json.
 """
 import argparse
 import json
@@ -29,7 +20,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -40,17 +31,14 @@ from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params  # n
 from common.meter import summary_of  # noqa: E402
 
 SCRIPTS = {
-    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py",
-    "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
-    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py",
-    "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
-    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py",
-    "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
-    "ray_tune": "05-ray-tune/tune_ray_ddp.py",
-    "inference": "06-ray-data-inference/batch_inference.py",
-}
+    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py", "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
+    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py", "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
+    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py", "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
+    "ray_tune": "05-ray-tune/tune_ray_ddp.py", "inference": "06-ray-data-inference/batch_inference.py"}
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
+# Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
+STEP_05_IN_CLASS = ["--num-workers", "1", "--num-samples", "4", "--epochs", "1", "--steps-per-epoch", "50"]
 
 
 @dataclass
@@ -82,22 +70,35 @@ def main():
     if previous:  # checked before the runs, not after them
         check_comparable(previous, machine, args, out / "results.json")
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
-    planned = (plan_step_runs(args) + plan_tune_runs(args) + plan_inference_runs(args) + plan_memory_runs(args)
-               + plan_recipe_runs(args))
-    runs = [r for r in planned if selected(r, args.only)]
+    planned = (plan_step_runs(args) + [Run("ray_tune", "tune", "ray_tune", 1, STEP_05_IN_CLASS)]
+               + plan_inference_runs(args) + plan_memory_runs(args) + plan_recipe_runs(args))
+    only = set(args.only)  # run names or sections; by default every run but the recipe's
+    runs = [r for r in planned if ({r.name, r.section} & only if only else r.section != "recipe")]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
                          f"{', '.join(r.name for r in planned)}")
-    keep_checkpoints_read_later(runs)
+    reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
+    for run in runs:  # the single-machine steps run keeps the checkpoint that the inference section reads
+        if run.section == "steps" and str(KEPT_CHECKPOINTS / run.name) in reads:
+            run.checkpoint_dir = str(KEPT_CHECKPOINTS / run.name)
     memory_cluster = None
-    for batch in batches_of_runs(runs):
+
+    def execute_or_skip(run: Run) -> Run:
+        if run.skipped:
+            run.status = "skipped"
+        else:
+            address = args.address or (memory_cluster if run.section == "memory" else None)
+            execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
+        return run
+    # One run after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs
+    for batch in [list(group) for _, group in groupby(runs, key=lambda r: r.side_by_side or r.name)]:
         if memory_cluster is None and batch[0].section == "memory":  # not before: the steps start their own Ray
             memory_cluster = start_memory_cluster(args, runs)
         for run in batch:
             print(f"[{runs.index(run) + 1}/{len(runs)}] {run.name}: " + ("started" if len(batch) > 1 else ""),
                   end="\n" if len(batch) > 1 else "", flush=True)
         with ThreadPoolExecutor(len(batch)) as pool:  # one run at a time, but for the recipe's seeds
-            for run in pool.map(execute_or_skip, batch, repeat(args), repeat(memory_cluster), repeat(out)):
+            for run in pool.map(execute_or_skip, batch):
                 print((f"{run.name}: " if len(batch) > 1 else "") + outcome_line(run), flush=True)
     if memory_cluster:
         import ray
@@ -113,10 +114,10 @@ def main():
     if previous:
         results = updated(previous, results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    from benchmarks.tables import write_report  # here, not above: the renderer imports this module's Run
+    from benchmarks.tables import steps_results_markdown  # here, not above: the renderer imports this module's Run
 
-    plots = write_report(results, out)
-    print(f"table: {out / 'results.md'} | plots: {', '.join(str(p) for p in plots)} | logs: {out / 'logs'}")
+    (out / "results.md").write_text(steps_results_markdown(results))
+    print(f"table: {out / 'results.md'} | logs: {out / 'logs'}")
     if any(r.status == "failed" for r in runs):
         raise SystemExit("error: some runs failed; their logs are in " + str(out / "logs"))
 
@@ -130,39 +131,18 @@ def check_comparable(previous: dict, machine: str, args, path: Path):
         raise SystemExit(f"error: --update: {path} cut its epochs to {previous.get('steps_per_epoch')} steps, this "
                          f"command to {args.steps_per_epoch}; pass --steps-per-epoch {previous.get('steps_per_epoch')}")
     if previous.get("eval_images") != args.eval_images:
-        scored = previous.get("eval_images") or "all the"
-        raise SystemExit(f"error: --update: {path} scored its runs on {scored} test images, this command on "
-                         f"{args.eval_images or 'all'}; pass the same --eval-images")
+        raise SystemExit(f"error: --update: {path} scored its runs on {previous.get('eval_images') or 'all the'} test "
+                         f"images, this command on {args.eval_images or 'all'}; pass the same --eval-images")
 
 
 def updated(previous: dict, results: dict) -> dict:
     """previous's runs with results' in their place (or after them, if new): one table from two commands on one
     machine. Each run keeps the command, date and commit that made it."""
     provenance = {key: previous[key] for key in ("command", "date", "commit")}
-    kept = [{**r, "made_by": r.get("made_by") or provenance} for r in previous["runs"]]
     new = {r["name"]: r for r in results["runs"]}
-    merged = [new.pop(r["name"], r) for r in kept] + list(new.values())
-    return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"), "runs": merged}
-
-
-def batches_of_runs(runs: list) -> list:
-    """Runs one after another, but the recipe's seeds side by side (one thread each): two 10-epoch runs."""
-    batches = []
-    for run in runs:
-        if batches and run.side_by_side and batches[-1][-1].side_by_side:
-            batches[-1].append(run)
-        else:
-            batches.append([run])
-    return batches
-
-
-def execute_or_skip(run: Run, args, memory_cluster: str | None, out: Path) -> Run:
-    if run.skipped:
-        run.status = "skipped"
-    else:
-        address = args.address or (memory_cluster if run.section == "memory" else None)
-        execute(run, command(run, args, address), out / "logs" / f"{run.name}.log")
-    return run
+    merged = [new.pop(r["name"], {**r, "made_by": r.get("made_by") or provenance}) for r in previous["runs"]]
+    return {**results, "ray_start_s": results.get("ray_start_s") or previous.get("ray_start_s"),
+            "runs": merged + list(new.values())}
 
 
 def parse_args():
@@ -246,12 +226,6 @@ def plan_memory_runs(args) -> list:
     return runs
 
 
-def plan_tune_runs(args) -> list:
-    """Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each."""
-    return [Run("ray_tune", "tune", "ray_tune", 1, ["--num-workers", "1", "--num-samples", "4", "--epochs", "1",
-                                                    "--steps-per-epoch", "50"])]
-
-
 def plan_inference_runs(args) -> list:
     """Step 06 on the single-machine run's checkpoint (or --inference-checkpoint), 1 and 2 Ray Data actors."""
     checkpoint = args.inference_checkpoint or str(KEPT_CHECKPOINTS / "single_machine")
@@ -267,32 +241,14 @@ def plan_recipe_runs(args) -> list:
     """The steps' defaults (the recipe) for --recipe-epochs, one run per --recipe-seeds side by side, the cores
     shared out between them (their epoch times are not the recipe's speed: the steps section's single-machine
     run is), then step 06 on each checkpoint's first --exact-test-images."""
-    runs, threads = [], max(1, (os.cpu_count() or 1) // len(args.recipe_seeds))
-    for seed in args.recipe_seeds:
-        checkpoint = str(KEPT_CHECKPOINTS / f"recipe_seed{seed}")
-        runs.append(Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
-                        ["--epochs", str(args.recipe_epochs), "--seed", str(seed)], checkpoint_dir=checkpoint,
-                        env={"OMP_NUM_THREADS": str(threads)}, side_by_side=True))
-    if args.exact_test_images:
-        runs += [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
-                     ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
-                      str(args.exact_test_images)]) for seed in args.recipe_seeds]
-    return runs
-
-
-def selected(run: Run, only: list) -> bool:
-    if not only:
-        return run.section != "recipe"
-    return run.name in only or run.section in only
-
-
-def keep_checkpoints_read_later(runs: list) -> None:
-    """The single-machine steps run writes the checkpoint that the inference section reads, if both run."""
-    reads = {flag for r in runs if r.step == "inference" for flag in r.flags}
-    for run in runs:
-        kept = str(KEPT_CHECKPOINTS / run.name)
-        if run.section == "steps" and kept in reads:
-            run.checkpoint_dir = kept
+    threads = max(1, (os.cpu_count() or 1) // len(args.recipe_seeds))
+    runs = [Run(f"recipe_seed{seed}", "recipe", "single_machine", 1,
+                ["--epochs", str(args.recipe_epochs), "--seed", str(seed)],
+                checkpoint_dir=str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), env={"OMP_NUM_THREADS": str(threads)},
+                side_by_side=True) for seed in args.recipe_seeds]
+    return runs + [Run(f"recipe_seed{seed}_exact", "recipe", "inference", 1,
+                       ["--checkpoint", str(KEPT_CHECKPOINTS / f"recipe_seed{seed}"), "--eval-images",
+                        str(args.exact_test_images)]) for seed in args.recipe_seeds if args.exact_test_images]
 
 
 def start_memory_cluster(args, runs) -> str | None:
@@ -310,14 +266,13 @@ def start_memory_cluster(args, runs) -> str | None:
 
 def command(run: Run, args, address: str | None) -> list:
     script = str(ROOT / SCRIPTS[run.step])
-    data = ["--data", args.data] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
+    at = ["--address", address] if address else []
     if run.step in ("inference", "ray_tune"):  # their own data defaults; their tables go to a scratch folder
-        out = tempfile.mkdtemp(prefix=f"bench-{run.name}-")
-        data = ["--data", args.data] if run.step == "inference" else []  # step 05 tunes on its validation split
-        data += ["--data-dir", args.data_dir] if args.data_dir else []
-        return [sys.executable, script, *data, *run.flags, "--out", out] + (["--address", address] if address else [])
+        data = (["--data", args.data] if run.step == "inference" else []) + data_dir  # step 05 tunes on its split
+        return [sys.executable, script, *data, *run.flags, "--out", tempfile.mkdtemp(prefix=f"bench-{run.name}-"), *at]
     if run.section == "recipe":  # the steps' defaults, model included
-        return [sys.executable, script, *data, *run.flags]
+        return [sys.executable, script, "--data", args.data, *data_dir, *run.flags]
     if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
         batch = str(math.lcm(*args.memory_workers))
         flags = ["--model", args.memory_model, "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "1",
@@ -329,15 +284,12 @@ def command(run: Run, args, address: str | None) -> list:
             if value is not None:
                 flags += [flag, str(value)]
     flags += run.flags
-    if run.step == "single_machine":
-        return [sys.executable, script, *flags]
     if run.step == "ddp" or run.name == "ray_ddp_local_torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 str(run.workers), script, *flags]
-    if "--num-workers" in run.flags:  # local mode's --num-workers 0: no Ray, so no address
+    if run.step == "single_machine" or "--num-workers" in run.flags:  # local mode's --num-workers 0: no Ray
         return [sys.executable, script, *flags]
-    return [sys.executable, script, *flags, "--num-workers", str(run.workers)] + (
-        ["--address", address] if address else [])
+    return [sys.executable, script, *flags, "--num-workers", str(run.workers), *at]
 
 
 def execute(run: Run, cmd: list, log_path: Path) -> None:
@@ -348,12 +300,11 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a fresh run, not the resumption of an old one
     if run.step != "inference":
         cmd = [*cmd, "--checkpoint-dir", checkpoint_dir]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.env}
-    launched = time.time()
-    summary, seen_at = None, None
+    launched, summary, seen_at = time.time(), None, None
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
-        process = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=log)
+        process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **run.env}, text=True,
+                                   stdout=subprocess.PIPE, stderr=log)
         for line in process.stdout:
             log.write(line)
             log.flush()  # so that `tail -f` on the log follows the run
@@ -366,12 +317,10 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         run.status, run.error = "failed", last_error_line(log_path)
         return
     run.status, run.summary, run.wall_s = "ok", summary, seen_at - launched
-    if run.step in ("inference", "ray_tune"):
-        return
-    # wall_time_s runs from the script's own start, after its imports: add what came before it.
-    started = seen_at - summary["wall_time_s"]
-    run.imports_s = started - launched
-    run.launch_to_first_step_s = run.imports_s + summary["time_to_first_step_s"]
+    if run.step not in ("inference", "ray_tune"):
+        # wall_time_s runs from the script's own start, after its imports: add what came before it.
+        run.imports_s = seen_at - summary["wall_time_s"] - launched
+        run.launch_to_first_step_s = run.imports_s + summary["time_to_first_step_s"]
 
 
 def last_error_line(log_path: Path) -> str:
@@ -387,8 +336,7 @@ def last_error_line(log_path: Path) -> str:
 
 def steady_images_per_s(summary: dict) -> float:
     """Epochs after the first when there are several: the first pays for warm-up (allocations, caches)."""
-    history = summary["history"]
-    later = history[1:] or history
+    later = summary["history"][1:] or summary["history"]
     return sum(h["images_per_s"] for h in later) / len(later)
 
 
@@ -396,34 +344,28 @@ def evaluation_seconds(run: dict) -> float:
     """A steps run's wall time per epoch outside training, after its first step: evaluation, the checkpoint, the
     report and, once, the exit."""
     s = run["summary"]
-    trained = sum(h["epoch_time_s"] for h in s["history"])
-    return (run["wall_s"] - run["launch_to_first_step_s"] - trained) / s["epochs"]
+    return (run["wall_s"] - run["launch_to_first_step_s"] - sum(h["epoch_time_s"] for h in s["history"])) / s["epochs"]
 
 
 def outcome_line(run: Run) -> str:
-    if run.status == "skipped":
-        return f"skipped: {run.skipped}"
-    if run.status != "ok":
-        return f"FAILED ({run.error})"
     s = run.summary
+    if run.status != "ok":
+        return f"skipped: {run.skipped}" if run.status == "skipped" else f"FAILED ({run.error})"
     if run.step == "inference":
         return f"{s['images']:,} images, {s['images_per_s']:,.0f} images/s, accuracy {s['accuracy']:.2%}"
     if run.step == "ray_tune":
         return f"{len(s['trials'])} trials in {run.wall_s:.0f} s, best {s['best']['best_accuracy']:.2%}"
-    memory = s.get("memory_per_rank") or [{}]
-    state = sum(memory[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
-    return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, "
-            f"first step after {run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0"
-                                                                    if state else ""))
+    state = sum((s.get("memory_per_rank") or [{}])[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
+    return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, first step after "
+            f"{run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0" if state else ""))
 
 
 def describe_machine() -> str:
     """The processor (with its family and model: one name covers several generations), cores, RAM, GPUs, torch."""
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-        info = {key.strip(): value.strip() for key, value in info.items()}
+        info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in Path(
+            "/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)}
         cpu = f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')} model {info.get('model', '?')})"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -439,26 +381,18 @@ def describe_commit(paths: tuple = ("common", *sorted(SCRIPTS.values())), what: 
     return git("rev-parse", "--short", "HEAD") + (f" (with uncommitted changes to {what})" if changed else "")
 
 
-def this_command() -> str:
-    """How this benchmark was started: its file's name and its arguments."""
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
-
-
 def made_by(commit: str) -> dict:
-    """The command, the date and the commit that made a result."""
-    return dict(command=this_command(), date=time.strftime("%Y-%m-%d"), commit=commit)
+    """The command (this benchmark's file name and its arguments), the date and the commit that made a result."""
+    return dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
+                commit=commit)
 
 
 def measure_ray_start() -> float:
     """Seconds that the steps' ray.init takes to start a local Ray, in a fresh process, imports excluded."""
     code = ("import time, ray; from common.ray_setup import init_options; t = time.time(); "
             "ray.init(address='local', **init_options('local')); print(time.time() - t)")
-    return float(last_line_printed([sys.executable, "-c", code], cwd=ROOT))
-
-
-def last_line_printed(cmd: list, **kwargs) -> str:
-    """What a measurement in a fresh process found: the last line it printed."""
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, **kwargs).stdout.strip().splitlines()[-1]
+    return float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

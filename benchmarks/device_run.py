@@ -4,24 +4,9 @@ then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
     python benchmarks/device_run.py --out benchmarks/published/gpu-nvidia-h100-x1   # on the GPU machine
     python benchmarks/device_run.py --dry-run                                       # anywhere, on CPU (CI runs it)
 
-On the GPU, with synthetic data in CIFAR-10's shapes (CIFAR-10 does not travel to the machine), each on one
-process: step 01 alone and under torchrun, Ray DDP, FSDP1 in Ray Train's local mode (step 03 refuses one Ray worker:
-prepare_model would not wrap its model; local mode wraps it by hand), FSDP2 alone, with --mixed-precision and with
---cpu-offload, then step 06 with one GPU actor on step 01's checkpoint. Every training run has --epochs epochs of
---steps-per-epoch steps; images/s is the mean of the epochs after the first (the warm-up), and launch to first step
-and peak GPU memory are measured as compare_steps.py measures them (whose functions start each run and read its JSON
-line).
-
-On the CPUs, the GPU hidden, torchrun DDP and Ray DDP side by side with each of --processes processes, each process
-with --threads-per-process threads (OMP_NUM_THREADS, which torchrun and Ray leave as they find it), and the
-ratio of their images/s at each size.
-
-Every run has its own time limit, and all of them together --budget-s: a run that fails or runs out of time is
-recorded and the others go on; a run the budget leaves no time for is listed as skipped. <out>/results.json (the
-published schema, with the GPU, its driver and CUDA) and <out>/results.md (drawn by tables.py) are written again
-after every run. Before any run, every planned command goes through its step's own parser (and torchrun's), so that
-a typo costs no device time. --dry-run does that too, then runs two of the runs at a tiny size on CPU (step 01
-alone, and torchrun on the CPUs), lists the others as skipped and writes the same files.
+What runs, with its limits and sizes: benchmarks/README.md, section "GPU and 16 cores". Every planned command goes
+through its step's own parser first, so that a typo costs no device time; --dry-run does that, then runs two of the
+runs at a tiny size on CPU and writes the same files.
 """
 import argparse
 import contextlib
@@ -61,14 +46,12 @@ MIN_RUN_S = 20  # a run is not started with less of the budget left
 
 
 class FlagsAccepted(BaseException):
-    """Raised in place of running a step, once its parser has accepted the flags (a BaseException: a step's own
-    `except Exception` cannot catch it)."""
+    """Raised in place of running a step once its parser accepted the flags; a step's `except Exception` lets it by."""
 
 
 def main():
     args = parse_args()
-    started = time.time()
-    out = Path(args.out)
+    started, out = time.time(), Path(args.out)
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -78,8 +61,11 @@ def main():
         check_commands(plan_runs(args, checkpoints), args)
         settings = argparse.Namespace(**{**vars(args), **TINY}) if args.dry_run else args
         runs = plan_runs(settings, checkpoints)
-        if args.dry_run:
-            leave_all_but_two(runs)
+        if args.dry_run:  # two runs, one per way a step starts: python (step 01 alone; the Ray steps too), torchrun
+            torchrun = next(r.name for r in runs if r.section == "scaling" and r.step == "ddp")
+            for run in runs:
+                if run.name not in ("single_machine", torchrun) and not run.skipped:
+                    run.skipped = "dry run: its command was checked by its step's parser, not run"
         results = describe_run(settings, runs)
         for number, run in enumerate(runs, 1):
             start_or_skip(run, runs, settings, started, out)
@@ -89,8 +75,7 @@ def main():
         shutil.rmtree(checkpoints, ignore_errors=True)
     print(f"total: {time.time() - started:.0f} s (budget {args.budget_s:.0f} s) | table: {out / 'results.md'} | "
           f"logs: {out / 'logs'}")
-    failed = [r.name for r in runs if r.status == "failed"]
-    if failed:
+    if failed := [r.name for r in runs if r.status == "failed"]:
         raise SystemExit(f"error: {len(failed)} of {len(runs)} runs failed ({', '.join(failed)}); why: "
                          f"{out / 'results.md'}, their logs: {out / 'logs'}")
 
@@ -106,7 +91,8 @@ def parse_args():
                    help="on the GPU (32: all 4,096 synthetic training images at the global batch of 128)")
     p.add_argument("--cpu-steps-per-epoch", type=int, default=6, help="on the CPUs")
     p.add_argument("--processes", type=int, nargs="+", default=[1, 8, 2, 4],
-                   help="CPU runs' sizes, in this order: the ends first, so that a spent budget loses a middle one")
+                   help="CPU runs' sizes, in this order: the ends first, so that a spent budget loses a middle one "
+                        "(each must divide the global batch of 128: the steps' own parsers refuse others)")
     p.add_argument("--threads-per-process", type=int, default=2, help="CPU runs: OMP_NUM_THREADS of each process")
     p.add_argument("--budget-s", type=float, default=450, help="all the runs together; each also has its own limit")
     # Not flags: the steps' global batch, and every evaluation image on the GPU (TINY's differ)
@@ -117,10 +103,6 @@ def parse_args():
     for flag in ("--steps-per-epoch", "--cpu-steps-per-epoch", "--threads-per-process", "--budget-s"):
         if getattr(args, flag[2:].replace("-", "_")) <= 0:
             p.error(f"{flag} must be more than 0")
-    uneven = [n for n in args.processes if n < 1 or GLOBAL_BATCH % n]
-    if uneven:
-        p.error(f"--processes {' '.join(map(str, uneven))}: the global batch of {GLOBAL_BATCH} images does not split "
-                f"over that many processes; use divisors of {GLOBAL_BATCH}, such as 1 2 4 8")
     if not shutil.which("timeout"):
         p.error("no `timeout` command (GNU coreutils), which holds each run to its limit; install coreutils")
     if not args.dry_run and not torch.cuda.is_available():
@@ -129,13 +111,10 @@ def parse_args():
 
 
 def plan_runs(args, checkpoints: Path) -> list:
-    return plan_gpu_runs(args, checkpoints) + plan_cpu_runs(args)
-
-
-def plan_gpu_runs(args, checkpoints: Path) -> list:
-    """Every step on one process, on the GPU, then step 06 on step 01's checkpoint."""
+    """Every step on one process on the GPU, step 06 on step 01's checkpoint, then torchrun DDP and Ray DDP at each
+    size on the CPUs, the GPU hidden from both."""
     evaluation = ["--eval-images", str(args.eval_images)] if args.eval_images else []
-    return [Run("single_machine", "steps", "single_machine", 1, evaluation,
+    runs = [Run("single_machine", "steps", "single_machine", 1, evaluation,
                 checkpoint_dir=str(checkpoints / "single_machine")),
             Run("ddp", "steps", "ddp", 1, evaluation),
             Run("ray_ddp", "steps", "ray_ddp", 1, NO_RETRY + evaluation),
@@ -145,33 +124,19 @@ def plan_gpu_runs(args, checkpoints: Path) -> list:
             Run("ray_fsdp2_cpu_offload", "steps", "ray_fsdp2", 1, NO_RETRY + evaluation + ["--cpu-offload"]),
             Run("inference_1_actor", "inference", "inference", 1,
                 ["--checkpoint", str(checkpoints / "single_machine"), "--actors", "1"] + evaluation)]
-
-
-def plan_cpu_runs(args) -> list:
-    """torchrun DDP and Ray DDP at each size, one after the other, the GPU hidden from both."""
     env = {"OMP_NUM_THREADS": str(args.threads_per_process), "CUDA_VISIBLE_DEVICES": ""}
     evaluation = ["--eval-images", str(args.eval_images or CPU_EVAL_IMAGES)]
-    runs = []
     for n in args.processes:
         runs += [Run(f"cpu_torchrun_ddp_n{n}", "scaling", "ddp", n, evaluation, env=env),
                  Run(f"cpu_ray_ddp_n{n}", "scaling", "ray_ddp", n, NO_RETRY + ["--no-gpu"] + evaluation, env=env)]
     return runs
 
 
-def leave_all_but_two(runs: list) -> None:
-    """--dry-run runs two of the runs, one per way a step is started: a plain python command (step 01 alone; the Ray
-    steps start the same way) and torchrun (on the CPUs, with the CPU runs' environment)."""
-    torchrun = next(r.name for r in runs if r.section == "scaling" and r.step == "ddp")
-    for run in runs:
-        if run.name not in ("single_machine", torchrun) and not run.skipped:
-            run.skipped = "dry run: its command was checked by its step's parser, not run"
-
-
 def step_command(run: Run, args) -> list:
     """compare_steps' command for the run, with this script's sizes: the CPU runs' epochs are shorter."""
     steps = args.cpu_steps_per_epoch if run.section == "scaling" else args.steps_per_epoch
     settings = argparse.Namespace(model=args.model, data="synthetic", data_dir=None, epochs=args.epochs,
-                                  batch_size=args.batch_size, steps_per_epoch=steps,
+                                  steps_per_epoch=steps, batch_size=args.batch_size,
                                   eval_images=None)  # in each run's flags: the GPU's and the CPUs' differ
     return command(run, settings, None)
 
@@ -180,27 +145,25 @@ def check_commands(runs: list, args) -> None:
     """Every planned command through its step's own parser and checks (and torchrun's), without running it: in one
     fresh process per GPU visibility, since whether a GPU is visible changes what the steps accept."""
     by_visibility = {}
-    for run in runs:
-        if not run.skipped:
-            entry = dict(name=run.name, argv=step_command(run, args)[1:], env=run.env)
-            by_visibility.setdefault(run.env.get("CUDA_VISIBLE_DEVICES"), []).append(entry)
+    for run in (r for r in runs if not r.skipped):
+        by_visibility.setdefault(run.env.get("CUDA_VISIBLE_DEVICES"), []).append(
+            dict(name=run.name, argv=step_command(run, args)[1:], env=run.env))
+
+    def refusals_in_a_fresh_process(visibility_and_entries: tuple) -> list:
+        visibility, entries = visibility_and_entries
+        env = {**os.environ, **({} if visibility is None else {"CUDA_VISIBLE_DEVICES": visibility})}
+        code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import device_run; device_run.print_refusals()"
+        result = subprocess.run([sys.executable, "-c", code], input=json.dumps(entries), cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        try:
+            return json.loads(result.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            return [f"the check itself failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}"]
     with ThreadPoolExecutor(len(by_visibility)) as pool:
         refusals = [r for found in pool.map(refusals_in_a_fresh_process, by_visibility.items()) for r in found]
     if refusals:
         raise SystemExit(f"error: planned commands refused by their step's parser: {'; '.join(refusals)}; fix "
                          f"their flags in benchmarks/device_run.py")
-
-
-def refusals_in_a_fresh_process(visibility_and_entries: tuple) -> list:
-    visibility, entries = visibility_and_entries
-    env = {**os.environ, **({} if visibility is None else {"CUDA_VISIBLE_DEVICES": visibility})}
-    code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import device_run; device_run.print_refusals()"
-    result = subprocess.run([sys.executable, "-c", code], input=json.dumps(entries), cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
-    try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return [f"the check itself failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}"]
 
 
 def print_refusals() -> None:
@@ -292,14 +255,12 @@ def describe_run(args, runs: list) -> dict:
 
 def nvidia_driver() -> str | None:
     """The driver's version from nvidia-smi, if this machine has it."""
-    if not shutil.which("nvidia-smi"):
-        return None
     try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
         return None
-    return (result.stdout.strip().splitlines() or [None])[0] if result.returncode == 0 else None
+    return (smi.stdout.strip().splitlines() or [None])[0]
 
 
 def write_results(results: dict, runs: list, started: float, out: Path) -> None:

@@ -1,11 +1,9 @@
 """How long each lab's check takes, on its untouched starting file and on its solution, as an attendee runs it.
 
-    python benchmarks/lab_times.py --out benchmarks/published/lab-times
+    python benchmarks/lab_times.py --out benchmarks/published/lab-times   # with nothing else running
 
-Each run is `python -m labs.check LAB` (or with `--file` the solution), one after the other, timed wall clock
-with Python's start, the Ray labs starting their own Ray as on a laptop. Run it with nothing else on the machine:
-the load average before each run is recorded beside it. The tables of labs/README.md and the step READMEs are
-rendered from <out>/results.json (benchmarks/tables.py).
+`python -m labs.check LAB` (with `--file` for the solution), one after the other, timed wall clock with Python's
+start; the load average before each run is recorded beside it. tables.py renders the tables from results.json.
 """
 import argparse
 import json
@@ -38,12 +36,10 @@ def main():
 def time_check(lab: str, solution: bool) -> dict:
     """One check, as an attendee runs it: its wall time, its verdict, and how busy the machine was before."""
     flags = ["--file", str(Path("labs", "solutions", LABS[lab].file))] if solution else []
-    load = os.getloadavg()[0]
-    start = time.monotonic()
+    load, start = os.getloadavg()[0], time.monotonic()
     done = subprocess.run([sys.executable, "-m", "labs.check", lab, *flags], cwd=ROOT, capture_output=True, text=True)
-    seconds = time.monotonic() - start
     verdict = re.findall(r"^(\d+ of \d+) checks passed", done.stdout, flags=re.MULTILINE)
-    run = dict(lab=lab, file="solution" if solution else "untouched", seconds=round(seconds, 1),
+    run = dict(lab=lab, file="solution" if solution else "untouched", seconds=round(time.monotonic() - start, 1),
                exit_code=done.returncode, passed=verdict[-1] if verdict else None, load_before=round(load, 2))
     print(json.dumps(run), flush=True)
     return run

@@ -3,20 +3,14 @@
     python benchmarks/profile_steps.py --data synthetic
     python benchmarks/profile_steps.py --data-dir ../shared/data/cifar10 --profile-steps 4
 
-Every variant is a Ray Train run of its step script on --num-workers workers with --profile-steps N
-(common/profiling.py): after 2 warm-up steps, torch.profiler records N optimizer steps and every
-rank writes its trace, which trace_analysis.py reads. DDP runs as step 02 (Ray), not step 01
-(torchrun), so that the four differ by their strategy only, not by their launcher. This writes
-into --out: the traces (traces/<variant>/rank<r>.json.gz, for https://ui.perfetto.dev),
-results.json (the machine, the command, the date, and per variant and rank the breakdown of every
-profiled step), and from it, by tables.py, results.md (the table) and timeline.png (one training
-step per rank, drawn from the traces, the variants stacked).
+Every variant is a Ray Train run of its step script with --profile-steps N (common/profiling.py); DDP runs as step
+02, not 01, so that the variants differ by their strategy only, not by their launcher. Writes the traces, results.json
+(every profiled step as trace_analysis.py reads it) and, by tables.py, results.md and timeline.png to --out.
 """
 import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
 from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
 from common.profiling import WARMUP_STEPS  # noqa: E402
-from compare_steps import SCRIPTS, describe_commit, describe_machine, last_error_line, made_by  # noqa: E402
+from compare_steps import Run, command, describe_commit, describe_machine, execute, made_by  # noqa: E402
 from tables import write_profile_report  # noqa: E402
 from trace_analysis import summarize  # noqa: E402
 
@@ -61,8 +55,7 @@ def main():
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS)
     p.add_argument("--data", default="cifar10", choices=["cifar10", "cifar10-val", "synthetic"])
     p.add_argument("--data-dir", default=None, help="passed to every step (default: theirs)")
@@ -75,50 +68,29 @@ def parse_args():
     return p.parse_args()
 
 
-def command(name: str, args) -> list:
-    """One epoch just long enough for the warm-up and the profile, a short evaluation, no retry."""
-    step, flags, _ = VARIANTS[name]
-    cmd = [sys.executable, str(ROOT / SCRIPTS[step]), "--model", args.model, "--data", args.data,
-           "--epochs", "1", "--steps-per-epoch", str(WARMUP_STEPS + args.profile_steps),
-           "--batch-size", str(args.batch_size), "--eval-images", str(args.batch_size),
-           "--profile-steps", str(args.profile_steps), "--num-workers", str(args.num_workers),
-           "--max-failures", "0", *flags]
-    for flag, value in [("--data-dir", args.data_dir), ("--address", args.address)]:
-        if value is not None:
-            cmd += [flag, value]
-    return cmd
-
-
 def profile_variant(name: str, args, out: Path) -> dict:
     """Runs one variant in a fresh run folder, copies its traces into <out>/traces/<name>/."""
-    cmd = command(name, args)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"profile-{name}-"))
-    log_path = out / "logs" / f"{name}.log"
+    step, flags, title = VARIANTS[name]
+    profile = ["--profile-steps", str(args.profile_steps), "--max-failures", "0"]  # and no retry
+    run = Run(name, "profile", step, args.num_workers, profile + flags,
+              checkpoint_dir=tempfile.mkdtemp(prefix=f"profile-{name}-"))
+    # one epoch just long enough for the warm-up and the profile, a short evaluation
+    cmd = command(run, argparse.Namespace(**vars(args), epochs=1, steps_per_epoch=WARMUP_STEPS + args.profile_steps,
+                                          eval_images=args.batch_size), args.address)
     started, load = time.time(), os.getloadavg()[0]  # other work on the machine skews the times
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        returncode = subprocess.call([*cmd, "--checkpoint-dir", str(run_dir)], cwd=ROOT,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    variant = dict(name=name, title=VARIANTS[name][2], command=" ".join(cmd), status="failed",
-                   error=None, wall_s=time.time() - started, load_average=load, ranks=[])
-    profiles = sorted(run_dir.glob("**/profile/rank0.json.gz"))
-    if returncode or not profiles:
-        variant["error"] = f"FAILED ({last_error_line(log_path)})"
+    execute(run, cmd, out / "logs" / f"{name}.log")
+    variant = dict(name=name, title=title, command=" ".join(cmd), status="failed", error=None,
+                   wall_s=time.time() - started, load_average=load, ranks=[])
+    profiles = sorted(Path(run.checkpoint_dir).glob("**/profile/rank0.json.gz"))
+    if run.status != "ok" or not profiles:
+        variant["error"] = f"FAILED ({run.error or 'no trace written'})"
     else:
-        variant["status"] = "ok"
-        variant["ranks"] = copy_traces(summarize(profiles[-1].parents[1])["ranks"], out / "traces" / name)
-    shutil.rmtree(run_dir, ignore_errors=True)
+        variant["status"], variant["ranks"] = "ok", summarize(profiles[-1].parents[1])["ranks"]
+        (out / "traces" / name).mkdir(parents=True, exist_ok=True)
+        for rank in variant["ranks"]:  # beside the results: the run folder is deleted
+            rank["trace"] = str(Path(shutil.copy(rank["trace"], out / "traces" / name)).relative_to(out))
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return variant
-
-
-def copy_traces(ranks: list, to: Path) -> list:
-    """The ranks' summaries, their traces copied beside the results (the run folder is deleted)."""
-    to.mkdir(parents=True, exist_ok=True)
-    for rank in ranks:
-        rank["trace"] = str(Path(shutil.copy(rank["trace"], to)).relative_to(to.parents[1]))
-    return ranks
 
 
 if __name__ == "__main__":

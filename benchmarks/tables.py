@@ -3,16 +3,10 @@
     python benchmarks/tables.py            # rewrite every generated table in the documents
     python benchmarks/tables.py --check    # exit 1, naming them, if any differs from its results.json
 
-A document (README.md, a step's README.md, benchmarks/README.md, slides/workshop.md) marks a table
-with two HTML comments, which Markdown and Marp do not show:
-
-    <!-- table: steps -->
-    | ... the table, written by this script ... |
-    <!-- /table -->
-
-The name is one of TABLES below, each a function of the published results.json it names. A
-document's table is never typed by hand: tests/test_tables.py renders every region again from the
-committed results and fails when a document differs.
+A document marks a table `<!-- table: NAME -->`, then the table, then `<!-- /table -->` (HTML comments: Markdown and
+Marp do not show them); NAME is one of TABLES, each a function of the results.json it names. No table is typed by
+hand: tests/test_tables.py renders every region again and fails when a document differs. The benchmarks' own
+results.md are drawn here too.
 """
 import argparse
 import ast
@@ -43,23 +37,22 @@ REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 # What each steps-section run is, for a reader: the step and the command's difference.
 RUN_NAMES = {
-    "single_machine": "01 `train_single_machine.py`",
-    "ddp": "01 `torchrun ... train_ddp.py`",
-    "ray_ddp_1_worker": "02 `train_ray_ddp.py --num-workers 1`",
-    "ray_ddp": "02 `train_ray_ddp.py`",
-    "ray_ddp_poll_2s": "02, Ray's default 2 s controller poll",
-    "ray_ddp_local": "02 `--num-workers 0` (local mode)",
+    "single_machine": "01 `train_single_machine.py`", "ddp": "01 `torchrun ... train_ddp.py`",
+    "ray_ddp_1_worker": "02 `train_ray_ddp.py --num-workers 1`", "ray_ddp": "02 `train_ray_ddp.py`",
+    "ray_ddp_poll_2s": "02, Ray's default 2 s controller poll", "ray_ddp_local": "02 `--num-workers 0` (local mode)",
     "ray_ddp_local_torchrun": "02 `torchrun ... --num-workers 0`",
-    "ray_ddp_data": "02 `train_ray_ddp_with_ray_data.py`",
-    "ray_fsdp": "03 `train_ray_fsdp.py` (FSDP1)",
-    "ray_fsdp2": "04 `train_ray_fsdp2.py` (FSDP2)",
-    "ray_fsdp2_mp_offload": "04 `... --mixed-precision --cpu-offload`",
-}
+    "ray_ddp_data": "02 `train_ray_ddp_with_ray_data.py`", "ray_fsdp": "03 `train_ray_fsdp.py` (FSDP1)",
+    "ray_fsdp2": "04 `train_ray_fsdp2.py` (FSDP2)", "ray_fsdp2_mp_offload": "04 `... --mixed-precision --cpu-offload`"}
+# Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
+GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
+                "ray_fsdp2": "memory_fsdp2_n2"}
 
 
-def load(path: Path) -> dict | Path:
-    """A results.json, read; a folder (a study of several runs, each with its own results.json) as it is."""
-    return json.loads(path.read_text()) if path.is_file() else path
+def table(heading: list, rows) -> list:
+    """A Markdown table's lines: the heading, its rule, a line per row (an empty cell is `| |`)."""
+    def cells(row):
+        return "|" + "".join(f" {cell} |" if cell != "" else " |" for cell in row)
+    return [cells(heading), "|---" * len(heading) + "|"] + [cells(row) for row in rows]
 
 
 def runs(results: dict, section: str) -> list:
@@ -70,18 +63,40 @@ def ok_runs(results: dict, section: str) -> dict:
     return {r.name: r for r in runs(results, section) if r.status == "ok"}
 
 
+def why_not(run: Run) -> str:
+    return f"{run.status}: {run.skipped or run.error}"
+
+
+def speed(run: Run) -> str:
+    return f"{steady_images_per_s(run.summary):,.0f}"
+
+
+def peaks(summary: dict) -> str:
+    return " / ".join(f"{m:,.0f}" for m in summary["peak_memory_mb"])
+
+
+def measured(results: dict) -> list:
+    return ["", f"Measured on {measured_on(results)}."]
+
+
 def measured_on(results: dict) -> str:
     """Where and when, for the line under a table; per command when --update made the runs with two."""
     made = made_by_runs(results)
     if len(made) <= 1:
         return f"{results['machine']}; {results['date']}, commit {results.get('commit', '?')}"
-    return f"{results['machine']}; " + "; ".join(f"{', '.join(leading(names))}: {date}, commit {commit}"
-                                                  for (_, date, commit), names in made.items())
+    # a run that follows another goes without saying (recipe_seed0_exact scores recipe_seed0's checkpoint)
+    leading = [[n for n in names if not any(n.startswith(f"{m}_") for m in names)] for names in made.values()]
+    return f"{results['machine']}; " + "; ".join(f"{', '.join(names)}: {date}, commit {commit}"
+                                                  for (_, date, commit), names in zip(made, leading, strict=True))
 
 
-def leading(names: list) -> list:
-    """The names without the runs that follow one of them (recipe_seed0_exact scores recipe_seed0's checkpoint)."""
-    return [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
+def made_by_runs(results: dict) -> dict:
+    """(command, date, commit) -> the names of the runs it made: one entry, unless --update added runs."""
+    made = {}
+    for r in results.get("runs", []):
+        m = r.get("made_by") or results
+        made.setdefault((m["command"], m["date"], m.get("commit")), []).append(r["name"])
+    return made
 
 
 def epochs_trained(results: dict, summary: dict) -> str:
@@ -96,67 +111,38 @@ def state_mb(summary: dict) -> float:
     return m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]
 
 
-# Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
-GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
-                "ray_fsdp2": "memory_fsdp2_n2"}
+def outcome(run: Run | None, trained, skipped: str, killed: str) -> str:
+    """How a memory run ended, in a table's words: trained(run) if it did, killed if Ray's memory monitor did it."""
+    if run is None:
+        return "-"
+    if run.status == "ok":
+        return trained(run)
+    if run.status == "skipped":
+        return skipped
+    return killed if "OutOfMemory" in (run.error or "") else "failed"
 
 
+# --- The documents' tables ---------------------------------------------------------------------------------------
 def steps_table(results: dict) -> list:
     """Every step side by side: the same model, data, global batch and epochs."""
     first = next(iter(ok_runs(results, "steps").values())).summary
-    lines = [f"| run ({first['model']}, {epochs_trained(results, first)}, global batch "
-             f"{first['global_batch_size']}) | "
-             "processes | test accuracy | images/s | launch to first step | peak memory per rank |",
-             "|---|---|---|---|---|---|"]
-    for r in runs(results, "steps"):
-        name = RUN_NAMES.get(r.name, r.name)
-        if r.status != "ok":
-            lines.append(f"| {name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | |")
-            continue
-        s = r.summary
-        peaks = " / ".join(f"{m:,.0f}" for m in s["peak_memory_mb"])
-        lines.append(f"| {name} | {s['world_size']} | {s['test_accuracy']:.2%} | {steady_images_per_s(s):,.0f} | "
-                     f"{r.launch_to_first_step_s:.1f} s | {peaks} MB |")
-    return lines + ["", f"Measured on {measured_on(results)}."]
-
-
-def startup_phases(run: Run) -> list:
-    """Launch to first step, phase by phase, and the whole: from the benchmark's clock (imports) and the script's own
-    timestamps (summary["startup_s"]: when the launcher's part, data loading and model building ended)."""
-    t = run.summary["startup_s"]
-    return [run.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
-            run.summary["time_to_first_step_s"] - t["model"], run.launch_to_first_step_s]
+    heading = [f"run ({first['model']}, {epochs_trained(results, first)}, global batch {first['global_batch_size']})",
+               "processes", "test accuracy", "images/s", "launch to first step", "peak memory per rank"]
+    rows = [[RUN_NAMES.get(r.name, r.name), r.workers, why_not(r), "", "", ""] if r.status != "ok" else
+            [RUN_NAMES.get(r.name, r.name), r.summary["world_size"], f"{r.summary['test_accuracy']:.2%}", speed(r),
+             f"{r.launch_to_first_step_s:.1f} s", f"{peaks(r.summary)} MB"] for r in runs(results, "steps")]
+    return table(heading, rows) + measured(results)
 
 
 def startup_rows(runs: list, label) -> list:
-    return ["| run | imports | launcher: process group, or Ray and its workers | data | model | first step | total |",
-            "|---|---|---|---|---|---|---|"] + [f"| {label(r)} | " + " | ".join(f"{p:.1f}" for p in startup_phases(r))
-                                               + " |" for r in runs if r.status == "ok"]
-
-
-def startup_table(results: dict) -> list:
-    rows = startup_rows(ok_runs(results, "steps").values(), lambda r: RUN_NAMES.get(r.name, r.name))
-    return rows + ["", f"Seconds. Measured on {measured_on(results)}."]
-
-
-def memory_table(results: dict) -> list:
-    table = [line for line in memory_markdown(runs(results, "memory")) if line.startswith("|")]
-    return table + ["", f"Measured on {measured_on(results)}."]
-
-
-def inference(results: dict) -> list:
-    return inference_table(runs(results, "inference")) + ["", f"Measured on {measured_on(results)}."]
-
-
-def profile(results: dict) -> list:
-    """Where each profiled optimizer step's time went, per strategy and rank."""
-    return profile_table(results) + ["", f"Milliseconds per optimizer step, the mean of {results['profile_steps']} "
-                                         f"profiled steps; measured on {measured_on(results)}."]
-
-
-def recipe(results: dict) -> list:
-    """The steps' defaults for 10 epochs, a run per seed: compare_steps' own recipe table."""
-    return recipe_table(runs(results, "recipe")) + ["", f"Measured on {measured_on(results)}."]
+    """Launch to first step, phase by phase, and the whole: from the benchmark's clock (imports) and the script's own
+    timestamps (summary["startup_s"]: when the launcher's part, data loading and model building ended)."""
+    def phases(run):
+        t = run.summary["startup_s"]
+        return [run.imports_s, t["launcher"], t["data"] - t["launcher"], t["model"] - t["data"],
+                run.summary["time_to_first_step_s"] - t["model"], run.launch_to_first_step_s]
+    return table(["run", "imports", "launcher: process group, or Ray and its workers", "data", "model", "first step",
+                  "total"], [[label(r)] + [f"{p:.1f}" for p in phases(r)] for r in runs if r.status == "ok"])
 
 
 def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
@@ -178,36 +164,35 @@ def path_table(results: dict) -> list:
     """README's path through the steps, with the minutes each command took from launch to its last line."""
     runs = {**ok_runs(results, "steps"), **ok_runs(results, "tune"), **ok_runs(results, "inference")}
     cut = results.get("steps_per_epoch")
-    rows = [
-        ("[01](01-vanilla-pytorch-ddp/README.md)", "`train_single_machine.py`, then `train_ddp.py` under torchrun",
-         f"{epoch_minutes(runs.get('single_machine'), cut)} + {epoch_minutes(runs.get('ddp'), cut)}",
-         "the baseline, then everything plain DDP makes you write", "[01](labs/README.md#the-labs)"),
-        ("[02](02-ray-train-ddp/README.md)", "`train_ray_ddp.py` (and a Ray Data variant)",
-         epoch_minutes(runs.get("ray_ddp"), cut), "what Ray Train takes off your hands, and what it does not",
-         "[02, 02-hang](labs/README.md#the-labs)"),
-        ("[03](03-ray-train-fsdp/README.md)", "`train_ray_fsdp.py`", epoch_minutes(runs.get("ray_fsdp"), cut),
-         "sharding with one argument (FSDP1)", "(04's)"),
-        ("[04](04-ray-train-fsdp2/README.md)", "`train_ray_fsdp2.py`", epoch_minutes(runs.get("ray_fsdp2"), cut),
-         "FSDP2 by hand: `fully_shard`, mixed precision, offload, sharded checkpoints",
-         "[04, 04-accumulate](labs/README.md#the-labs)"),
-        ("[05](05-ray-tune/README.md)", "`tune_ray_ddp.py`", epoch_minutes(runs.get("ray_tune"), cut),
-         "Ray Tune over step 02's loop, the Train V2 way", "[05](labs/README.md#the-labs)"),
-        ("[06](06-ray-data-inference/README.md)", "`batch_inference.py`",
-         epoch_minutes(runs.get("inference_2_actors"), cut), "use the model: batch inference with Ray Data",
-         "[06](labs/README.md#the-labs)"),
-    ]
+
+    def minutes(name):
+        return epoch_minutes(runs.get(name), cut)
     # lab: the exercises of labs/README.md that check the step's lesson (step 03's sharding is lab 04's)
-    lines = ["| step | what you run | minutes, as below | the lesson | lab |", "|---|---|---|---|---|"]
-    lines += [f"| {' | '.join(row)} |" for row in rows]
+    rows = [
+        ["[01](01-vanilla-pytorch-ddp/README.md)", "`train_single_machine.py`, then `train_ddp.py` under torchrun",
+         f"{minutes('single_machine')} + {minutes('ddp')}", "the baseline, then everything plain DDP makes you write",
+         "[01](labs/README.md#the-labs)"],
+        ["[02](02-ray-train-ddp/README.md)", "`train_ray_ddp.py` (and a Ray Data variant)", minutes("ray_ddp"),
+         "what Ray Train takes off your hands, and what it does not", "[02, 02-hang](labs/README.md#the-labs)"],
+        ["[03](03-ray-train-fsdp/README.md)", "`train_ray_fsdp.py`", minutes("ray_fsdp"),
+         "sharding with one argument (FSDP1)", "(04's)"],
+        ["[04](04-ray-train-fsdp2/README.md)", "`train_ray_fsdp2.py`", minutes("ray_fsdp2"),
+         "FSDP2 by hand: `fully_shard`, mixed precision, offload, sharded checkpoints",
+         "[04, 04-accumulate](labs/README.md#the-labs)"],
+        ["[05](05-ray-tune/README.md)", "`tune_ray_ddp.py`", minutes("ray_tune"),
+         "Ray Tune over step 02's loop, the Train V2 way", "[05](labs/README.md#the-labs)"],
+        ["[06](06-ray-data-inference/README.md)", "`batch_inference.py`", minutes("inference_2_actors"),
+         "use the model: batch inference with Ray Data", "[06](labs/README.md#the-labs)"]]
     how = (f" The benchmark cut each training epoch to {cut} steps; the rest of the epoch is added at the run's "
            f"measured images/s." if cut else "")
-    return lines + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"]
+    return (table(["step", "what you run", "minutes, as below", "the lesson", "lab"], rows)
+            + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"])
 
 
-COMPARED = [("ddp", "torchrun DDP (01)", "01-vanilla-pytorch-ddp/train_ddp.py"),
-            ("ray_ddp", "Ray DDP (02)", "02-ray-train-ddp/train_ray_ddp.py"),
-            ("ray_fsdp", "Ray FSDP1 (03)", "03-ray-train-fsdp/train_ray_fsdp.py"),
-            ("ray_fsdp2", "Ray FSDP2 (04)", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
+COMPARED = [("ddp", "torchrun DDP (01)", "torchrun DDP", "01-vanilla-pytorch-ddp/train_ddp.py"),  # and on a slide
+            ("ray_ddp", "Ray DDP (02)", "Ray DDP", "02-ray-train-ddp/train_ray_ddp.py"),
+            ("ray_fsdp", "Ray FSDP1 (03)", "FSDP1", "03-ray-train-fsdp/train_ray_fsdp.py"),
+            ("ray_fsdp2", "Ray FSDP2 (04)", "FSDP2", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
 BY_HAND = {"ddp": "process group, sampler and `set_epoch`, DDP wrap, metric reduction, rank-0 output, launch "
                   "on every node, `--resume` after a restart",
            "ray_ddp": "`set_epoch`, metric reduction, a report on every rank",
@@ -230,144 +215,101 @@ def comparison_table(results: dict) -> list:
     """torchrun DDP, Ray DDP, Ray FSDP1 and FSDP2 side by side: every cell counted in the scripts, measured in the
     steps and memory sections, or a behaviour the tests check."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
-    lines = ["| | " + " | ".join(title for _, title, _ in COMPARED) + " |", "|---" * (len(COMPARED) + 1) + "|"]
+    previous = designed_pairs()  # the step before each script
 
     def row(label, cell):
-        lines.append(f"| {label} | " + " | ".join(cell(name, script) for name, _, script in COMPARED) + " |")
+        return [label] + [cell(name, script) for name, _, _, script in COMPARED]
 
-    row("lines in the script", lambda name, script: str(len((ROOT / script).read_text().splitlines())))
-    previous = designed_pairs()  # the step before each script
-    row("lines changed from the step before (`diff -u`)",
-        lambda name, script: str(changed_lines(previous[script], script)))
-    row("what you write by hand", lambda name, script: BY_HAND[name])
-    row("fault tolerance", lambda name, script: FAULTS[name])
-
-    row("parameters + gradients + AdamW state per rank",
-        lambda name, script: f"{state_mb(steps[name].summary):,.1f} MB" if name in steps else "-")
-
-    def giant(name, script):
-        run = memory.get(GIANT_ON_TWO[name])
-        if run is None:
-            return "-"
-        if run.status != "ok":
-            if run.status == "skipped":
-                return "does not fit"
-            return "killed: out of memory" if "OutOfMemory" in (run.error or "") else "failed"
-        return f"trained, {state_mb(run.summary) / 1024:,.1f} GiB per rank"
-    row("the largest preset on 2 workers", giant)
-    row("launch to first step", lambda name, script: f"{steps[name].launch_to_first_step_s:.1f} s"
-        if name in steps else "-")
-    row("training images/s, 2 processes", lambda name, script: f"{steady_images_per_s(steps[name].summary):,.0f}"
-        if name in steps else "-")
+    def measured_cell(value):
+        return lambda name, script: value(steps[name]) if name in steps else "-"
+    rows = [row("lines in the script", lambda name, script: len((ROOT / script).read_text().splitlines())),
+            row("lines changed from the step before (`diff -u`)",
+                lambda name, script: changed_lines(previous[script], script)),
+            row("what you write by hand", lambda name, script: BY_HAND[name]),
+            row("fault tolerance", lambda name, script: FAULTS[name]),
+            row("parameters + gradients + AdamW state per rank",
+                measured_cell(lambda r: f"{state_mb(r.summary):,.1f} MB")),
+            row("the largest preset on 2 workers", lambda name, script: outcome(
+                memory.get(GIANT_ON_TWO[name]), lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
+                "does not fit", "killed: out of memory")),
+            row("launch to first step", measured_cell(lambda r: f"{r.launch_to_first_step_s:.1f} s")),
+            row("training images/s, 2 processes", measured_cell(speed))]
     first = next(iter(steps.values())).summary if steps else {}
     trained = epochs_trained(results, first) if first else "one epoch"
-    return lines + ["", f"{trained.capitalize()} of `{first.get('model')}`, global batch "
-                    f"{first.get('global_batch_size')}; the largest preset, `giant`, for one step. "
-                    f"Measured on {measured_on(results)}."]
+    return table([""] + [title for _, title, _, _ in COMPARED], rows) + [
+        "", f"{trained.capitalize()} of `{first.get('model')}`, global batch {first.get('global_batch_size')}; the "
+            f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."]
 
 
 def local_mode_table(results: dict) -> list:
     """Step 02 with Ray, and in Ray Train's local mode (one process; torchrun's), against torchrun DDP."""
     steps = ok_runs(results, "steps")
-    lines = ["| run | processes | launch to first step | of it, before the training function | images/s |",
-             "|---|---|---|---|---|"]
-    for name in ("ray_ddp", "ray_ddp_local", "ray_ddp_local_torchrun", "ddp"):
-        if name in steps:
-            r = steps[name]
-            lines.append(f"| {RUN_NAMES[name]} | {r.summary['world_size']} | {r.launch_to_first_step_s:.1f} s | "
-                         f"{r.imports_s + r.summary['startup_s']['launcher']:.1f} s | "
-                         f"{steady_images_per_s(r.summary):,.0f} |")
-    return lines + ["", f"Measured on {measured_on(results)}."]
+    rows = [[RUN_NAMES[name], r.summary["world_size"], f"{r.launch_to_first_step_s:.1f} s",
+             f"{r.imports_s + r.summary['startup_s']['launcher']:.1f} s", speed(r)]
+            for name in ("ray_ddp", "ray_ddp_local", "ray_ddp_local_torchrun", "ddp") if (r := steps.get(name))]
+    return table(["run", "processes", "launch to first step", "of it, before the training function", "images/s"],
+                 rows) + measured(results)
 
 
 def tune_sweep(results: dict) -> list:
-    lines = ["| searched flags | best validation accuracy | epochs run |", "|---|---|---|"]
-    for t in sorted(results["trials"], key=lambda t: -(t["best_accuracy"] or 0)):
-        best = f"**{t['best_accuracy']:.2%}**" if t is results["best"] or t["trial_id"] == results["best"][
-            "trial_id"] else f"{t['best_accuracy']:.2%}"
-        recipe_mark = " (trial 0, the recipe)" if t["trial_id"].endswith("00000") else ""
-        stopped = " (ASHA)" if t["stopped_early"] else ""
-        lines.append(f"| `{t['searched']}`{recipe_mark} | {best} | {t['epochs_run']}{stopped} |")
-    return lines + ["", f"{results['cluster']}; {results['wall_time_s']:.0f} s in all."]
+    best = results["best"]["trial_id"]
+    rows = [[f"`{t['searched']}`" + (" (trial 0, the recipe)" if t["trial_id"].endswith("00000") else ""),
+             f"**{t['best_accuracy']:.2%}**" if t["trial_id"] == best else f"{t['best_accuracy']:.2%}",
+             f"{t['epochs_run']}" + (" (ASHA)" if t["stopped_early"] else "")]
+            for t in sorted(results["trials"], key=lambda t: -(t["best_accuracy"] or 0))]
+    return (table(["searched flags", "best validation accuracy", "epochs run"], rows)
+            + ["", f"{results['cluster']}; {results['wall_time_s']:.0f} s in all."])
 
 
-def ray_vs_torchrun_epochs(folder: Path) -> list:
-    """Six runs of the steps table's two DDP rows (and Ray's default poll in the last three), a folder each."""
-    lines = ["| run, in order | epochs | torchrun DDP img/s | Ray DDP img/s | Ray / torchrun |"
-             " Ray DDP, 2 s poll, img/s | 2 s poll / torchrun |", "|---|---|---|---|---|---|---|"]
-    for run in sorted(p for p in folder.iterdir() if (p / "results.json").is_file()):
-        results = load(run / "results.json")
-        speed = {r.name: steady_images_per_s(r.summary) for r in ok_runs(results, "steps").values()}
-        ddp, ray, poll = speed["ddp"], speed["ray_ddp"], speed.get("ray_ddp_poll_2s")
-        lines.append(f"| `{run.name}/` | {ok_runs(results, 'steps')['ddp'].summary['epochs']} | {ddp:.1f} | "
-                     f"{ray:.1f} | {ray / ddp:.3f} | " + (f"{poll:.1f} | {poll / ddp:.3f} |" if poll else "| |"))
-    return lines
+def rehearsal_table(results: dict) -> list:
+    """The core talk's live commands against their slots (slides/rehearse.py): one row per slide."""
+    by_slide = {}
+    for c in results["commands"]:
+        by_slide.setdefault((c["slide"], c["title"], c["slot_min"]), []).append(c)
+    rows = []
+    for (number, title, slot), commands in by_slide.items():
+        seconds, failed = sum(c["seconds"] for c in commands), [c for c in commands if not c["ok"]]
+        rows.append([f"{number}: {title}", "<br>".join(f"`{c['command']}`" for c in commands), f"{slot:g} min",
+                     f"{seconds:.0f} s" + (", over its slot" if seconds > 60 * slot else "")
+                     + (f", {len(failed)} failed" if failed else "")])
+    before, after = results["load_average_before"], results["load_average_after"]
+    return table(["slide", "what runs", "slot", "measured"], rows) + [
+        "", f"Rehearsed on {results['machine']}; {results['started_utc']}, commit {results['commit']}, "
+            f"{results['data']}; load average (1, 5, 15 min) {', '.join(map(str, before))} before, "
+            f"{', '.join(map(str, after))} after."]
 
 
-NICENESS_RUNS = [("torchrun_ddp", "torchrun DDP", "n/a"), ("ray_ddp", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0", "Ray DDP", "0"), ("ray_ddp_2", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0_2", "Ray DDP", "0"), ("ray_ddp_3", "Ray DDP", "15 (Ray's default)"),
-                 ("ray_ddp_nice0_3", "Ray DDP", "0"), ("torchrun_ddp_2", "torchrun DDP", "n/a")]
+def lab_times(results: dict, labs: tuple = ()) -> list:
+    """Each lab's check (only labs, if given) on its untouched starting file and on its solution."""
+    checks = {}
+    for r in results["runs"]:
+        checks.setdefault(r["lab"], {})[r["file"]] = f"{r['seconds']:.0f} s ({r['passed'] or 'no'} checks passed)"
+    busiest = max(r["load_before"] for r in results["runs"])
+    return table(["lab", "`python -m labs.check LAB`, on the untouched file", "on the solution"], [
+        [lab, files["untouched"], files["solution"]] for lab, files in checks.items() if lab in labs or not labs]) + [
+        "", f"Wall clock with Python's start, one run each, one after the other, nothing else running (the 1-minute "
+            f"load average before each, the checks before it included, at most {busiest:.2f}); measured on "
+            f"{results['machine']}; {results['date']}, commit {results['commit']}."]
 
 
-def cpu_share_niceness(folder: Path) -> list:
-    """CPU-share runs of torchrun DDP and Ray DDP at Ray's worker niceness and at 0, in order."""
-    lines = ["| run, in order | launcher | workers' nice | optimizer steps/s | training threads (cores) |"
-             " kernel took a training thread's core (per s) | other processes (cores) |",
-             "|---|---|---|---|---|---|---|"]
-    for run, launcher, nice in NICENESS_RUNS:
-        r = load(folder / run / "results.json")
-        threads = [p["training_thread"] for p in r["training_processes"]]
-        taken = ", ".join(f"{t['involuntary_switches_per_s']:.0f}" for t in threads)
-        lines.append(f"| `{run}/` | {launcher} | {nice} | {r['steps_per_s']:.3f} | "
-                     f"{sum(t['cores'] for t in threads):.3f} | {taken} | "
-                     f"{sum(p['cores'] for p in r['other_processes']):.3f} |")
-    return lines
-
-
-def suite_time_cores(folder: Path) -> list:
-    """The cores a test-suite run kept busy, from its .proc-stat file: a line a second, the time, then /proc/stat's
-    first line (USER_HZ ticks)."""
-    lines = ["| readings | seconds | core-seconds busy | cores busy on average |", "|---|---|---|---|"]
-    for path in sorted(folder.glob("*.proc-stat")):
-        rows = [line.split() for line in path.read_text().splitlines()]
-        busy = [sum(map(int, row[2:12])) - int(row[5]) - int(row[6]) for row in rows]  # all but idle and iowait
-        seconds, core_seconds = float(rows[-1][0]) - float(rows[0][0]), (busy[-1] - busy[0]) / 100
-        lines.append(f"| `{path.name}` | {seconds:.0f} | {core_seconds:.0f} | {core_seconds / seconds:.2f} |")
-    return lines
-
-
-# --- compare_steps.py's results.md and plots -------------------------------------------------------------------
-
-
-def made_by_runs(results: dict) -> dict:
-    """(command, date, commit) -> the names of the runs it made: one entry, unless --update added runs."""
-    made = {}
-    for r in results.get("runs", []):
-        m = r.get("made_by") or results
-        made.setdefault((m["command"], m["date"], m.get("commit")), []).append(r["name"])
-    return made
-
-
-def write_report(results: dict, out: Path) -> list:
-    """compare_steps.py's results.md and plots in out, from its results.json; returns the plots."""
-    (out / "results.md").write_text(steps_results_markdown(results))
-    return write_plots([Run(**r) for r in results["runs"]], out)
-
-
-def steps_results_markdown(results: dict) -> str:
+# --- compare_steps.py's results.md --------------------------------------------------------------------------------
+def steps_results_markdown(results: dict, title: str = "Benchmark results", about: list = ()) -> str:
     """compare_steps.py's results.md: what ran where, then each section that has runs."""
     steps, memory, inference = runs(results, "steps"), runs(results, "memory"), runs(results, "inference")
     tune, recipe = ok_runs(results, "tune"), runs(results, "recipe")
-    lines = [f"# Benchmark results ({results['date']})", "", f"Machine: {results['machine']}", ""]
+    lines = [f"# {title} ({results['date']})", "", f"Machine: {results['machine']}", "", *about]
     made = made_by_runs(results)
     for (command, date, commit), names in made.items():
-        code = f", code: commit {commit}" if commit else ""
-        which = f"; runs: {', '.join(names)}" if len(made) > 1 else ""
-        lines += [f"Command: `python benchmarks/{command}` ({date}{code}{which})", ""]
+        lines += [f"Command: `python benchmarks/{command}` ({date}" + (f", code: commit {commit}" if commit else "")
+                  + (f"; runs: {', '.join(names)})" if len(made) > 1 else ")"), ""]
     if steps:
-        lines += steps_markdown(steps) + ["", TIMING_NOTE, ""] + startup_markdown(steps, results.get("ray_start_s"))
-        lines += figures(steps)
+        lines += steps_markdown(steps) + ["", TIMING_NOTE, "", "## Launch to first step, phase by phase (s)", ""]
+        lines += startup_rows(steps, lambda r: r.name)
+        if results.get("ray_start_s") is not None:
+            lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`ray.init`, measured alone, imports "
+                          f"excluded) took {results['ray_start_s']:.1f} s; the rest is Ray Train starting its "
+                          f"controller and worker processes, which import torch, and setting up the process group."]
+        lines += [""] + figures(steps)
     if memory:
         lines += memory_markdown(memory)
     if inference:
@@ -383,55 +325,37 @@ def steps_results_markdown(results: dict) -> str:
 
 def steps_markdown(steps: list) -> list:
     """The steps section's table, with the loss and wall time that the documents' steps table leaves out."""
-    ok = [r for r in steps if r.status == "ok"]
-    lines = []
-    if ok:
-        s = ok[0].summary
-        lines += [f"## Steps: model {s['model']} ({s['params']:,} parameters), data {s['data']}, "
-                  f"global batch {s['global_batch_size']}, {s['epochs']} epoch(s)", ""]
-    lines += ["| run | processes | test acc | train loss | img/s | launch to first step (s) | wall (s) "
-              "| peak memory per rank (MB) |", "|---|---|---|---|---|---|---|---|"]
-    for r in steps:
-        if r.status != "ok":
-            lines.append(f"| {r.name} | {r.workers} | {r.status}: {r.skipped or r.error} | | | | | |")
-            continue
-        s = r.summary
-        lines.append(f"| {r.name} | {s['world_size']} | {s['test_accuracy']:.2%} | {s['train_loss']:.4f} | "
-                     f"{steady_images_per_s(s):,.0f} | {r.launch_to_first_step_s:.1f} | {s['wall_time_s']:.0f} | "
-                     f"{' / '.join(f'{m:,.0f}' for m in s['peak_memory_mb'])} |")
-    return lines
+    ok = [r.summary for r in steps if r.status == "ok"]
+    title = [f"## Steps: model {ok[0]['model']} ({ok[0]['params']:,} parameters), data {ok[0]['data']}, global batch "
+             f"{ok[0]['global_batch_size']}, {ok[0]['epochs']} epoch(s)", ""] if ok else []
+    rows = [[r.name, r.workers, why_not(r), "", "", "", "", ""] if r.status != "ok" else
+            [r.name, r.summary["world_size"], f"{r.summary['test_accuracy']:.2%}", f"{r.summary['train_loss']:.4f}",
+             speed(r), f"{r.launch_to_first_step_s:.1f}", f"{r.summary['wall_time_s']:.0f}", peaks(r.summary)]
+            for r in steps]
+    return title + table(["run", "processes", "test acc", "train loss", "img/s", "launch to first step (s)",
+                          "wall (s)", "peak memory per rank (MB)"], rows)
 
 
 def inference_table(runs: list) -> list:
     """Step 06's whole Ray Data run (actors starting, reading, classifying each image and its mirror image,
     writing Parquet), per number of actors."""
-    lines = ["| actors | images | seconds | images/s | accuracy |", "|---|---|---|---|---|"]
-    for r in runs:
-        if r.status != "ok":
-            lines.append(f"| {r.workers} | {r.status}: {r.skipped or r.error} | | | |")
-            continue
-        s = r.summary
-        lines.append(f"| {s['actors']} | {s['images']:,} | {s['seconds']:.1f} | {s['images_per_s']:,.0f} | "
-                     f"{s['accuracy']:.2%} |")
-    return lines
+    return table(["actors", "images", "seconds", "images/s", "accuracy"], [
+        [r.workers, why_not(r), "", "", ""] if r.status != "ok" else
+        [r.summary["actors"], f"{r.summary['images']:,}", f"{r.summary['seconds']:.1f}",
+         f"{r.summary['images_per_s']:,.0f}", f"{r.summary['accuracy']:.2%}"] for r in runs])
 
 
 def recipe_table(runs: list) -> list:
     """Each seed's run: its test accuracy epoch by epoch's end, and on the exact test images if scored."""
     exact = {r.name.removesuffix("_exact"): r.summary for r in runs if r.step == "inference" and r.status == "ok"}
-    lines = ["| run | model | epochs | train loss | test accuracy | on the first test images alone |",
-             "|---|---|---|---|---|---|"]
-    for r in runs:
-        if r.step == "inference":
-            continue
-        if r.status != "ok":
-            lines.append(f"| {r.name} | {r.status}: {r.skipped or r.error} | | | | |")
-            continue
-        s, e = r.summary, exact.get(r.name)
-        alone = f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
-        lines.append(f"| {r.name} | {s['model']} | {s['epochs']} | {s['train_loss']:.4f} | "
-                     f"**{s['test_accuracy']:.2%}** | {alone} |")
-    return lines
+
+    def alone(name):
+        e = exact.get(name)
+        return f"{e['accuracy']:.2%} ({e['correct']:,} of {e['counted']:,})" if e else "-"
+    return table(["run", "model", "epochs", "train loss", "test accuracy", "on the first test images alone"], [
+        [r.name, why_not(r), "", "", "", ""] if r.status != "ok" else
+        [r.name, r.summary["model"], r.summary["epochs"], f"{r.summary['train_loss']:.4f}",
+         f"**{r.summary['test_accuracy']:.2%}**", alone(r.name)] for r in runs if r.step != "inference"])
 
 
 TIMING_NOTE = (
@@ -442,199 +366,97 @@ TIMING_NOTE = (
     "worker start, data loading and model construction included.")
 
 
-def startup_markdown(steps: list, ray_start_s: float | None) -> list:
-    lines = ["## Launch to first step, phase by phase (s)", ""] + startup_rows(steps, lambda r: r.name)
-    if ray_start_s is not None:
-        lines += ["", f"Of a Ray run's launcher phase, starting a local Ray (`ray.init`, measured alone, imports "
-                      f"excluded) took {ray_start_s:.1f} s; the rest is Ray Train starting its controller and "
-                      f"worker processes, which import torch, and setting up the process group."]
-    return lines + [""]
-
-
 def figures(steps: list) -> list:
     by_name = {r.name: r for r in steps if r.status == "ok"}
+    ips = {name: steady_images_per_s(r.summary) for name, r in by_name.items()}
     lines = ["Comparisons (ratios of the runs above):", ""]
     if "ray_ddp" in by_name and "ddp" in by_name:
         ray, ddp = by_name["ray_ddp"], by_name["ddp"]
-        lines.append(f"- Ray overhead: Ray DDP / torchrun DDP throughput = "
-                     f"{steady_images_per_s(ray.summary) / steady_images_per_s(ddp.summary):.3f} "
+        lines.append(f"- Ray overhead: Ray DDP / torchrun DDP throughput = {ips['ray_ddp'] / ips['ddp']:.3f} "
                      f"({ray.workers} workers each); launch to first step {ray.launch_to_first_step_s:.1f} s "
                      f"with Ray vs {ddp.launch_to_first_step_s:.1f} s with torchrun.")
     for one, many in [("single_machine", "ddp"), ("ray_ddp_1_worker", "ray_ddp")]:
         if one in by_name and many in by_name:
-            a, b = by_name[one], by_name[many]
-            lines.append(f"- Scaling: {b.name} with {b.workers} processes / {a.name} with 1 = "
-                         f"{steady_images_per_s(b.summary) / steady_images_per_s(a.summary):.2f}x throughput.")
+            lines.append(f"- Scaling: {many} with {by_name[many].workers} processes / {one} with 1 = "
+                         f"{ips[many] / ips[one]:.2f}x throughput.")
     if "ray_ddp" in by_name and "ray_ddp_poll_2s" in by_name:
-        fast, slow = by_name["ray_ddp"], by_name["ray_ddp_poll_2s"]
+        fast, slow = by_name["ray_ddp"].summary, by_name["ray_ddp_poll_2s"].summary
         lines.append(f"- Controller poll every 0.2 s (the steps' default) vs Ray's default 2 s: "
-                     f"{steady_images_per_s(fast.summary):,.0f} vs {steady_images_per_s(slow.summary):,.0f} img/s, "
-                     f"wall time {fast.summary['wall_time_s']:.0f} vs {slow.summary['wall_time_s']:.0f} s.")
+                     f"{ips['ray_ddp']:,.0f} vs {ips['ray_ddp_poll_2s']:,.0f} img/s, "
+                     f"wall time {fast['wall_time_s']:.0f} vs {slow['wall_time_s']:.0f} s.")
     if "ray_fsdp" in by_name and "ray_fsdp2" in by_name:
         one, two = by_name["ray_fsdp"].summary, by_name["ray_fsdp2"].summary
-        state = [state_mb(one), state_mb(two)]
-        lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {steady_images_per_s(one):,.0f} vs "
-                     f"{steady_images_per_s(two):,.0f} img/s; state on rank 0 {state[0]:,.2f} vs {state[1]:,.2f} MB; "
+        lines.append(f"- FSDP1 (step 03) vs FSDP2 (step 04), same run settings: {ips['ray_fsdp']:,.0f} vs "
+                     f"{ips['ray_fsdp2']:,.0f} img/s; state on rank 0 {state_mb(one):,.2f} vs {state_mb(two):,.2f} MB; "
                      f"peak memory per rank {max(one['peak_memory_mb']):,.0f} vs {max(two['peak_memory_mb']):,.0f} MB; "
                      f"test accuracy {one['test_accuracy']:.2%} vs {two['test_accuracy']:.2%}.")
     if "ray_ddp" in by_name:
         s = by_name["ray_ddp"].summary
         n, grads = s["world_size"], s["memory_per_rank"][0]["grads_mb"]
-        step_ms = 1000 * s["global_batch_size"] / steady_images_per_s(s)
         lines.append(f"- Communication: DDP all-reduces {grads:,.1f} MB of gradients per step; a ring all-reduce "
                      f"sends and receives 2(N-1)/N of that per rank, {2 * (n - 1) / n * grads:,.1f} MB at N={n}, "
-                     f"against {step_ms:,.0f} ms of compute per step here. Per step, this volume stays the same "
-                     f"as N grows (it tends to 2x the gradients) while each rank's compute shrinks as 1/N of the "
-                     f"global batch: the network, not the processors, sets the limit to scaling.")
+                     f"against {1000 * s['global_batch_size'] / ips['ray_ddp']:,.0f} ms of compute per step here. "
+                     f"Per step, this volume stays the same as N grows (it tends to 2x the gradients) while each "
+                     f"rank's compute shrinks as 1/N of the global batch: the network, not the processors, sets the "
+                     f"limit to scaling.")
     return lines + [""] if len(lines) > 2 else []  # no heading over an empty list (a single run compares nothing)
 
 
 def memory_markdown(memory: list) -> list:
-    ok = [r for r in memory if r.status == "ok"]
-    title = f"model {ok[0].summary['model']} ({ok[0].summary['params']:,} parameters)" if ok else ""
-    lines = [f"## Memory per rank: {title}", "",
+    ok = [r.summary for r in memory if r.status == "ok"]
+    return (["## Memory per rank: " + (f"model {ok[0]['model']} ({ok[0]['params']:,} parameters)" if ok else ""), "",
              "Parameters, gradients and optimizer state are exact: the bytes of the tensors each rank holds (its "
              "shard under FSDP2). Peak is the process's peak resident memory on CPU, or peak allocated GPU memory. "
-             f"One training step with a global batch of {ok[0].summary['global_batch_size'] if ok else '?'} images, "
-             "synthetic data.", "",
-             "| strategy | workers | CPU offload | parameters (MB) | gradients (MB) | optimizer (MB) | "
-             "total state (GiB) | peak (GiB) |", "|---|---|---|---|---|---|---|---|"]
-    for r in memory:
+             f"One training step with a global batch of {ok[0]['global_batch_size'] if ok else '?'} images, "
+             "synthetic data.", ""] + memory_rows(memory)
+            + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."])
+
+
+def memory_rows(memory: list) -> list:
+    def row(r):
         strategy = {"ray_ddp": "DDP (step 02)", "ray_fsdp": "FSDP1 (step 03)", "ray_fsdp2": "FSDP2 (step 04)"}[r.step]
-        offload = "yes" if "--cpu-offload" in r.flags else "no"
+        known = [strategy, r.workers, "yes" if "--cpu-offload" in r.flags else "no"]
         if r.status != "ok":
-            lines.append(f"| {strategy} | {r.workers} | {offload} | {r.status}: {r.skipped or r.error} | | | | |")
-            continue
-        m, peak = r.summary["memory_per_rank"][0], max(r.summary["peak_memory_mb"])
-        lines.append(f"| {strategy} | {r.workers} | {offload} | {m['params_mb']:,.0f} | {m['grads_mb']:,.0f} | "
-                     f"{m['optimizer_mb']:,.0f} | {state_mb(r.summary) / 1024:,.2f} | {peak / 1024:,.1f} |")
-    return lines + ["", "Rank 0 is shown; the other ranks' shards differ by at most one row of each parameter."]
+            return known + [why_not(r), "", "", "", ""]
+        m = r.summary["memory_per_rank"][0]
+        return known + [f"{m['params_mb']:,.0f}", f"{m['grads_mb']:,.0f}", f"{m['optimizer_mb']:,.0f}",
+                        f"{state_mb(r.summary) / 1024:,.2f}", f"{max(r.summary['peak_memory_mb']) / 1024:,.1f}"]
+    return table(["strategy", "workers", "CPU offload", "parameters (MB)", "gradients (MB)", "optimizer (MB)",
+                  "total state (GiB)", "peak (GiB)"], [row(r) for r in memory])
 
-
-def write_plots(runs: list, out: Path) -> list:
-    """compare_steps.py's plots of the runs that finished, a plot for each section that has some; returns them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    ok = [r for r in runs if r.status == "ok"]
-    steps, memory = [r for r in ok if r.section == "steps"], [r for r in ok if r.section == "memory"]
-    recipe = [r for r in ok if r.section == "recipe" and r.step != "inference"]
-    written = []
-    if steps:
-        title = f"Test accuracy per epoch ({steps[0].summary['model']})"
-        written += [accuracy_plot(steps, title, lambda r: r.name, out / "accuracy.png"),
-                    throughput_plot(steps, out / "throughput.png")]
-    if recipe:
-        written.append(accuracy_plot(recipe, "The recipe, epoch by epoch", lambda r: f"{r.name} ({r.summary['model']})",
-                                     out / "recipe_accuracy.png"))
-    if memory:
-        written.append(memory_plot(memory, out / "memory.png"))
-    return written
-
-
-def accuracy_plot(runs: list, title: str, label, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in runs:
-        history = r.summary["history"]
-        ax.plot([h["epoch"] for h in history], [h["test_accuracy"] for h in history], marker="o", label=label(r))
-    ax.set(xlabel="epoch", ylabel="test accuracy", title=title)
-    ax.legend(fontsize=8)
-    return save(fig, path)
-
-
-def throughput_plot(steps: list, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    speeds = [steady_images_per_s(r.summary) for r in steps]
-    ax.barh([f"{r.name} ({r.summary['world_size']})" for r in steps], speeds)
-    for y, v in enumerate(speeds):
-        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
-    ax.set(xlabel="training images/s (steady state)", title="Throughput per step (processes)")
-    ax.invert_yaxis()
-    return save(fig, path)
-
-
-def memory_plot(memory: list, path: Path) -> Path:
-    """Rank 0's parameters, gradients and optimizer state, stacked, per memory run."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [r.name.removeprefix("memory_") for r in memory]
-    bottom = [0.0] * len(memory)
-    for key, label in [("params_mb", "parameters"), ("grads_mb", "gradients"), ("optimizer_mb", "optimizer")]:
-        values = [r.summary["memory_per_rank"][0][key] / 1024 for r in memory]
-        ax.bar(labels, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(ylabel="GiB on rank 0", title=f"State per rank ({memory[0].summary['model']})")
-    ax.tick_params(axis="x", labelrotation=30)
-    ax.legend()
-    return save(fig, path)
-
-
-def save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
-# --- device_run.py's results.md ----------------------------------------------------------------------------------
 
 def device_run_markdown(results: dict) -> str:
-    """device_run.py's results.md: every step on the GPU, step 06, and DDP's scaling on the CPUs."""
+    """device_run.py's results.md: compare_steps' sections for the runs on the GPU, then DDP's scaling on the CPUs."""
     dry = " A dry run: tiny sizes, on CPU, two runs run." if results["dry_run"] else ""
-    lines = [f"# Every step on a GPU, and DDP on {results['cpu_count']} CPU cores ({results['date']})", "",
-             f"Machine: {results['machine']}; GPU driver {results['driver']}, CUDA {results['cuda']} (torch's).", "",
-             f"Command: `python benchmarks/{results['command']}` (commit {results['commit']}): "
-             f"{results['elapsed_s']:.0f} s of a {results['budget_s']:.0f} s budget.{dry}", "",
-             "## Every step on the GPU, one process each", ""]
-    lines += gpu_steps_table(results, runs(results, "steps"))
-    lines += ["", "## Step 06 with one GPU actor", ""] + inference_table(runs(results, "inference"))
-    lines += ["", "Ray Data's whole run on the 1,024 synthetic test images: starting the actor, reading, classifying "
-                  "each image and its mirror image, writing Parquet.", "",
-              f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
-    return "\n".join(lines + cpu_scaling_table(results)) + "\n"
-
-
-def gpu_steps_table(results: dict, runs: list) -> list:
-    """The steps table (the published CPU table's columns), once a run has finished."""
-    if any(r.status == "ok" for r in runs):
-        return steps_table(results)
-    return ["No run finished: " + "; ".join(f"{r.name}: {r.status} ({r.skipped or r.error})" for r in runs) + "."]
+    return steps_results_markdown(results, f"Every step on a GPU, and DDP on {results['cpu_count']} CPU cores", [
+        f"GPU driver {results['driver']}, CUDA {results['cuda']} (torch's); {results['elapsed_s']:.0f} s of a "
+        f"{results['budget_s']:.0f} s budget.{dry}", ""]) + "\n".join(
+        [f"## torchrun DDP and Ray DDP on the CPUs, {results['threads_per_process']} threads per process", ""]
+        + cpu_scaling_table(results)) + "\n"
 
 
 def cpu_scaling_table(results: dict) -> list:
     """torchrun DDP and Ray DDP at each number of processes: images/s, Ray's over torchrun's, and start-up."""
     scaling = {r.name: r for r in runs(results, "scaling")}
-    lines = ["| processes | threads | torchrun DDP images/s | Ray DDP images/s | Ray / torchrun | "
-             "launch to first step: torchrun, Ray |", "|---|---|---|---|---|---|"]
+    rows = []
     for n in sorted({r.workers for r in scaling.values()}):
         torchrun, ray = scaling[f"cpu_torchrun_ddp_n{n}"], scaling[f"cpu_ray_ddp_n{n}"]
-        ratio = (f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}"
-                 if torchrun.status == ray.status == "ok" else "-")
-        starts = ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-" for r in (torchrun, ray))
-        lines.append(f"| {n} | {n * results['threads_per_process']} | {images_per_s(torchrun)} | {images_per_s(ray)} | "
-                     f"{ratio} | {starts} |")
-    return lines + ["", f"Model {results['model']}, global batch {results['global_batch_size']}, {results['epochs']} "
-                        f"epochs of {results['cpu_steps_per_epoch']} steps; images/s is the mean of the epochs after "
-                        f"the first. The GPU hidden (CUDA_VISIBLE_DEVICES=''), OMP_NUM_THREADS="
-                        f"{results['threads_per_process']} in every process."]
-
-
-def images_per_s(run: Run) -> str:
-    if run.status != "ok":
-        return f"{run.status}: {run.skipped or run.error}"
-    return f"{steady_images_per_s(run.summary):,.0f}"
+        both = torchrun.status == ray.status == "ok"
+        rows.append([n, n * results["threads_per_process"],
+                     *(speed(r) if r.status == "ok" else why_not(r) for r in (torchrun, ray)),
+                     f"{steady_images_per_s(ray.summary) / steady_images_per_s(torchrun.summary):.2f}" if both else "-",
+                     ", ".join(f"{r.launch_to_first_step_s:.1f} s" if r.status == "ok" else "-"
+                               for r in (torchrun, ray))])
+    return table(["processes", "threads", "torchrun DDP images/s", "Ray DDP images/s", "Ray / torchrun",
+                  "launch to first step: torchrun, Ray"], rows) + [
+        "", f"Model {results['model']}, global batch {results['global_batch_size']}, {results['epochs']} epochs of "
+            f"{results['cpu_steps_per_epoch']} steps; images/s is the mean of the epochs after the first. The GPU "
+            f"hidden (CUDA_VISIBLE_DEVICES=''), OMP_NUM_THREADS={results['threads_per_process']} in every process."]
 
 
 # --- profile_steps.py's results.md and timeline.png --------------------------------------------------------------
-
-PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868",
-                "other": "#b0b0b0"}
-KIND_COLORS = {"all_reduce": "#c44e52", "all_gather": "#8172b3", "reduce_scatter": "#937860",
-               "broadcast": "#da8bc3"}
+PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868", "other": "#b0b0b0"}
+KIND_COLORS = {"all_reduce": "#c44e52", "all_gather": "#8172b3", "reduce_scatter": "#937860", "broadcast": "#da8bc3"}
 
 
 def write_profile_report(results: dict, out: Path) -> Path | None:
@@ -655,37 +477,30 @@ def profile_results_markdown(results: dict) -> str:
              f"{results['warmup_steps']} warm-up steps. Communication: each collective's calls per step "
              "and their milliseconds in all, as gloo's threads ran them (waits for the other rank included). "
              "Overlapped: the communication time during which the training thread computed.", ""]
-    return "\n".join(lines + profile_table(results) + ["", PROFILE_NOTE]) + "\n"
+    return "\n".join(lines + profile_table(results) + [
+        "", "On CPUs each rank is a training thread plus gloo's threads, and the ranks share the cores. DDP issues "
+            "each gradient bucket's all-reduce during backward, which can overlap the rest of backward. FSDP1 and "
+            "FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they issue it (no CUDA streams to "
+            "overlap on), and gloo has no reduce-scatter: it all-reduces the whole tensor and keeps its slice. A "
+            "collective's time includes waiting for the slower rank."]) + "\n"
 
 
 def profile_table(results: dict) -> list:
     """A row per variant and rank; a failed variant's row gives its error."""
-    lines = ["| variant | rank | step | forward | backward | optimizer | other | communication per step | overlapped |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for v in results["variants"]:
         if v["status"] != "ok":
-            lines.append(f"| {v['title']} | | {v['error']} | | | | | | |")
+            rows.append([v["title"], "", v["error"], "", "", "", "", "", ""])
         for rank in v["ranks"]:
-            lines.append(profile_row(v["title"], rank))
-    return lines
+            m = rank["mean"]
+            share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
+            calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms" for kind, c in m["collectives"].items())
+            rows.append([v["title"], rank["rank"], *(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES), calls,
+                         f"{m['overlapped_ms']:.1f} of {m['communication_ms']:.1f} ms ({share:.0%})"])
+    return table(["variant", "rank", "step", "forward", "backward", "optimizer", "other", "communication per step",
+                  "overlapped"], rows)
 
 
-def profile_row(title: str, rank: dict) -> str:
-    m = rank["mean"]
-    calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms"
-                      for kind, c in m["collectives"].items())
-    share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
-    phases = " | ".join(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES)
-    return (f"| {title} | {rank['rank']} | {phases} | {calls} | "
-            f"{m['overlapped_ms']:.1f} of {m['communication_ms']:.1f} ms ({share:.0%}) |")
-
-
-PROFILE_NOTE = (
-    "On CPUs each rank is a training thread plus gloo's threads, and the ranks share the cores. "
-    "DDP issues each gradient bucket's all-reduce during backward, which can overlap the rest of "
-    "backward. FSDP1 and FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they "
-    "issue it (no CUDA streams to overlap on), and gloo has no reduce-scatter: it all-reduces the "
-    "whole tensor and keeps its slice. A collective's time includes waiting for the slower rank.")
 
 
 def draw_timeline(variants: list, out: Path) -> Path:
@@ -705,15 +520,12 @@ def draw_timeline(variants: list, out: Path) -> Path:
     handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()] + [
         Patch(color=c, label=k.replace("_", "-")) for k, c in KIND_COLORS.items() if k in kinds]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=11, frameon=False)
-    fig.text(0.5, 0.01, TIMELINE_CAPTION, ha="center", fontsize=10, color="#444444")
+    fig.text(0.5, 0.01, "compute: the training thread, solid while in an operator, pale while in the phase but not "
+             "computing (waiting, Python); comm: gloo's threads running collectives", ha="center", fontsize=10,
+             color="#444444")
     fig.tight_layout(rect=(0, 0.035, 1, 0.95))
-    path = out / "timeline.png"
-    fig.savefig(path, dpi=120)
-    return path
-
-
-TIMELINE_CAPTION = ("compute: the training thread, solid while in an operator, pale while in the phase but "
-           "not computing (waiting, Python); comm: gloo's threads running collectives")
+    fig.savefig(out / "timeline.png", dpi=120)
+    return out / "timeline.png"
 
 
 def draw_variant(ax, variant: dict, out: Path) -> None:
@@ -721,8 +533,7 @@ def draw_variant(ax, variant: dict, out: Path) -> None:
     traces = [load_trace(out / rank["trace"]) for rank in variant["ranks"]]
     steps = [profiled_steps(events) for events in traces]
     chosen = sorted(range(len(steps[0])), key=lambda i: steps[0][i]["dur"])[len(steps[0]) // 2]
-    ranks = [step_parts(events, rank_steps[chosen])
-             for events, rank_steps in zip(traces, steps, strict=True)]
+    ranks = [step_parts(events, rank_steps[chosen]) for events, rank_steps in zip(traces, steps, strict=True)]
     origin = min(parts["start"] for parts in ranks)
     labels = []
     for r, parts in enumerate(ranks):
@@ -732,12 +543,11 @@ def draw_variant(ax, variant: dict, out: Path) -> None:
             bars(ax, intervals, origin, compute_lane, PHASE_COLORS[phase], alpha=0.25)
             bars(ax, clip(parts["compute"], intervals), origin, compute_lane, PHASE_COLORS[phase])
         for kind, color in KIND_COLORS.items():
-            runs = [c["ran"] for c in parts["collectives"] if c["kind"] == kind and c["ran"]]
-            bars(ax, runs, origin, comm_lane, color)
+            bars(ax, [c["ran"] for c in parts["collectives"] if c["kind"] == kind and c["ran"]], origin, comm_lane,
+                 color)
     ax.set_yticks(range(len(labels)), labels, fontsize=10)
     ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_title(f"{variant['title']}: profiled step {chosen + 1} of {len(steps[0])}", loc="left",
-                 fontsize=13)
+    ax.set_title(f"{variant['title']}: profiled step {chosen + 1} of {len(steps[0])}", loc="left", fontsize=13)
     ax.tick_params(axis="x", labelsize=11)
     ax.grid(axis="x", alpha=0.3)
 
@@ -763,98 +573,31 @@ def bars(ax, intervals: list, origin: float, lane: int, color: str, alpha: float
                        (lane - 0.4, 0.8), color=color, alpha=alpha, linewidth=0)
 
 
-# --- ray_overhead.py's results.md, one function per tool ---------------------------------------------------------
-
-
 def cpu_share_markdown(report: dict) -> str:
+    training, others = report["training_processes"], report["other_processes"]
     lines = [f"`{report['command']}`", "", f"Machine: {report['machine']}", "",
              f"{report['window_s']:.0f} s window, {report['cpus']} cores; the machine was busy "
              f"{report['machine_busy_cores']:.3f} cores on average; rank 0 made {report['steps_per_s']:.3f} optimizer "
-             f"steps per second.", "",
-             "| process | cores | its threads (cores) |", "|---|---|---|"]
-    for p in report["training_processes"]:
-        threads = ", ".join(f"{t} {c:.3f}" for t, c in p["threads"].items())
-        lines.append(f"| {p['pid']} `{p['name'][:60]}` | {p['cores']:.3f} | {threads} |")
-    others = sum(p["cores"] for p in report["other_processes"])
-    lines.append(f"| every other process ({len(report['other_processes'])} over 0.002) | {others:.3f} | |")
-    lines += ["", "| training process | its training thread (cores) | the kernel took its core (per s) "
-              "| it gave its core up (per s) |", "|---|---|---|---|"]
-    lines += [f"| {p['pid']} | {t['cores']:.3f} | {t['involuntary_switches_per_s']:.1f} | "
-              f"{t['voluntary_switches_per_s']:.1f} |" for p in report["training_processes"]
-              for t in [p["training_thread"]]]
-    lines += ["", "| other process | cores |", "|---|---|"]
-    lines += [f"| {p['pid']} `{p['name'][:80]}` | {p['cores']:.3f} |" for p in report["other_processes"][:12]]
-    return "\n".join(lines) + "\n"
-
-
-def fit_processes_markdown(report: dict) -> str:
-    fits = report["fits"]
-    lines = [f"`python benchmarks/{report['command']}`", "", f"Machine: {report['machine']}", "",
-             "A two-node Ray cluster on this machine (1 CPU per node), a driver already connected; each fit a "
-             f"TorchTrainer with 2 CPU workers and one metric-only report, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="
-             f"{report['poll_interval_s']}.", "",
-             "| fit | wall time (s) | CPU time of every other process (s) | processes started for it |",
-             "|---|---|---|---|"]
-    lines += [f"| {i} | {f['wall_s']} | {f['cpu_s']} | {f['new_processes']} |" for i, f in enumerate(fits, 1)]
-    lines += ["", f"Fit {len(fits)}, process by process (0.05 s of CPU or more):", "",
-              "| process | started for this fit | CPU time (s) |", "|---|---|---|"]
-    lines += [f"| {p['role']} | {'yes' if p['new'] else 'no'} | {p['cpu_s']} |" for p in fits[-1]["processes"]]
-    return "\n".join(lines) + "\n"
-
-
-def report_latency_markdown(report: dict) -> str:
-    reports = report["reports"]
-    lines = [f"`python benchmarks/{report['command']}`", "",
-             f"Machine: {report['machine']}; Ray {report['ray']}; {report['date']}", "",
-             f"2 CPU workers, {reports} reports each ({reports - 1} metric-only, timed on rank 0, "
-             "then one with a checkpoint); a fresh local Ray per row.", "",
-             "| RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | metric-only reports (s) | per report (s) | whole fit (s) |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['interval_s']} | {r['metric_only_reports_s']:.1f} | {r['per_report_s']:.2f} | {r['fit_s']:.1f} |"
-              for r in report["rows"]]
-    return "\n".join(lines) + "\n"
-
-
-# --- compile_speed.py's results.md -------------------------------------------------------------------------------
-
-def compile_speed_markdown(results: dict) -> str:
-    """compile_speed.py's results.md: each round's images/s, and whether compiling pays for itself."""
-    eager, compiled = ([r for r in results["rows"] if r["mode"] == mode] for mode in ("eager", "compiled"))
-    lines = ["# torch.compile on the recipe's training step\n", f"`{results['command']}`\n",
-             f"Machine: {results['machine']}\n",
-             f"`{results['model']}`, batch {results['batch_size']}, {results['rows'][0]['threads']} threads, "
-             f"{results['steps']} steps per measurement after one warm-up step, each in a fresh process with an empty "
-             f"compile cache.\n",
-             "| round | eager images/s | compiled images/s | compiled: first step, first evaluation (s) |",
-             "|---|---|---|---|"]
-    for i, (e, c) in enumerate(zip(eager, compiled, strict=True), 1):
-        first = f"{c['first_step_s']:.1f}, {c['first_evaluation_s']:.1f}"
-        lines.append(f"| {i} | {e['images_per_s']:.0f} | {c['images_per_s']:.0f} | {first} |")
-    break_even = results["break_even_images"]
-    verdict = (f"pays for itself after {break_even:,.0f} images ({break_even / results['full_run_images']:.2f} of a "
-               f"10-epoch run)" if break_even else "never pays for itself: it trains no faster")
-    eager_speed, compiled_speed = results["eager_images_per_s"], results["compiled_images_per_s"]
-    lines += ["", f"Medians: eager {eager_speed:.0f} images/s, compiled {compiled_speed:.0f} images/s "
-              f"({compiled_speed / eager_speed:.3f}x), compiling (both graphs) {results['compile_s']:.1f} s. "
-              f"Compiling {verdict}."]
+             f"steps per second.", ""]
+    threads = [", ".join(f"{t} {c:.3f}" for t, c in p["threads"].items()) for p in training]
+    lines += table(["process", "cores", "its threads (cores)"], [
+        [f"{p['pid']} `{p['name'][:60]}`", f"{p['cores']:.3f}", its] for p, its in zip(training, threads, strict=True)]
+        + [[f"every other process ({len(others)} over 0.002)", f"{sum(p['cores'] for p in others):.3f}", ""]])
+    lines += [""] + table(["training process", "its training thread (cores)", "the kernel took its core (per s)",
+                           "it gave its core up (per s)"], [
+        [p["pid"], f"{t['cores']:.3f}", f"{t['involuntary_switches_per_s']:.1f}",
+         f"{t['voluntary_switches_per_s']:.1f}"] for p in training for t in [p["training_thread"]]])
+    lines += [""] + table(["other process", "cores"], [[f"{p['pid']} `{p['name'][:80]}`", f"{p['cores']:.3f}"]
+                                                       for p in others[:12]])
     return "\n".join(lines) + "\n"
 
 
 # --- Slide-sized tables (slides/workshop.md): few columns, short names, one line under each. ---------------------
-
 SLIDE_RUN_NAMES = {
-    "single_machine": "01 one process",
-    "ddp": "01 torchrun DDP",
-    "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
-    "ray_ddp": "02 Ray DDP",
-    "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll",
-    "ray_ddp_local": "02 local mode",
-    "ray_ddp_local_torchrun": "02 local, torchrun",
-    "ray_ddp_data": "02 Ray Data",
-    "ray_fsdp": "03 FSDP1",
-    "ray_fsdp2": "04 FSDP2",
-    "ray_fsdp2_mp_offload": "04 bf16 + offload",
-}
+    "single_machine": "01 one process", "ddp": "01 torchrun DDP", "ray_ddp_1_worker": "02 Ray DDP, 1 worker",
+    "ray_ddp": "02 Ray DDP", "ray_ddp_poll_2s": "02 Ray DDP, 2 s poll", "ray_ddp_local": "02 local mode",
+    "ray_ddp_local_torchrun": "02 local, torchrun", "ray_ddp_data": "02 Ray Data", "ray_fsdp": "03 FSDP1",
+    "ray_fsdp2": "04 FSDP2", "ray_fsdp2_mp_offload": "04 bf16 + offload"}
 SLIDE_CORE_RUNS = ["single_machine", "ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2"]
 SLIDE_VARIANT_RUNS = ["ray_ddp_1_worker", "ray_ddp_local", "ray_ddp_local_torchrun", "ray_ddp_data",
                       "ray_fsdp2_mp_offload"]  # five rows and a line under them fill a slide
@@ -867,58 +610,38 @@ def slide_measured_on(results: dict) -> str:
     return f"{results['date']}, {machine}"
 
 
-def slide_steps_rows(results: dict, names: list) -> list:
+def steps_slide(results: dict, names: list) -> list:
+    """The steps table of the slides, for the runs named: the main path, or its variants."""
     by_name = {r.name: r for r in runs(results, "steps")}
     # "first step at": seconds from launch to the end of the first optimizer step (the steps table's "launch to
     # first step"), a short heading that keeps five columns on a slide
-    lines = ["| run | processes | test accuracy | images/s | first step at |", "|---|---|---|---|---|"]
-    for name in [n for n in names if n in by_name]:
-        r, label = by_name[name], SLIDE_RUN_NAMES[name]
-        if r.status != "ok":
-            lines.append(f"| {label} | {r.workers} | {r.status} | | |")
-            continue
-        s = r.summary
-        lines.append(f"| {label} | {s['world_size']} | {s['test_accuracy']:.2%} | {steady_images_per_s(s):,.0f} | "
-                     f"{r.launch_to_first_step_s:.1f} s |")
-    return lines
-
-
-def slide_steps_footer(results: dict) -> str:
+    rows = [[SLIDE_RUN_NAMES[r.name], r.workers, r.status, "", ""] if r.status != "ok" else
+            [SLIDE_RUN_NAMES[r.name], r.summary["world_size"], f"{r.summary['test_accuracy']:.2%}", speed(r),
+             f"{r.launch_to_first_step_s:.1f} s"] for r in (by_name[n] for n in names if n in by_name)]
     first = next(iter(ok_runs(results, "steps").values()), None)
     what = (f"`{first.summary['model']}`, {epochs_trained(results, first.summary)}, global batch "
             f"{first.summary['global_batch_size']}") if first else "the steps"
-    return f"{slide_measured_on(results)}: {what}"
-
-
-def steps_slide(results: dict) -> list:
-    """The steps table of the slides: the main path, one run per step."""
-    return slide_steps_rows(results, SLIDE_CORE_RUNS) + ["", slide_steps_footer(results)]
-
-
-def steps_variants_slide(results: dict) -> list:
-    """The same runs' variants: one worker, local mode, Ray Data, bf16 and offload."""
-    return slide_steps_rows(results, SLIDE_VARIANT_RUNS) + ["", slide_steps_footer(results)]
+    return table(["run", "processes", "test accuracy", "images/s", "first step at"], rows) + [
+        "", f"{slide_measured_on(results)}: {what}"]
 
 
 def steps_findings_slide(results: dict) -> list:
     """What the steps table says, as bullets: every number computed from the same runs."""
     steps = ok_runs(results, "steps")
-    speed = {name: steady_images_per_s(r.summary) for name, r in steps.items()}
+    ips = {name: steady_images_per_s(r.summary) for name, r in steps.items()}
     lines = []
-    same = [n for n in ("ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2") if n in steps]
-    if same:
+    if same := [n for n in ("ddp", "ray_ddp", "ray_fsdp", "ray_fsdp2") if n in steps]:
         accuracies = sorted({f"{steps[n].summary['test_accuracy']:.2%}" for n in same})
         lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
-    if "ddp" in speed and "ray_ddp" in speed:
-        lines.append(f"- Ray DDP trains at {speed['ray_ddp'] / speed['ddp']:.2f} of torchrun DDP's images/s")
-    if "single_machine" in speed and "ddp" in speed:
+    if "ddp" in ips and "ray_ddp" in ips:
+        lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s")
+    if "single_machine" in ips and "ddp" in ips:
         # Like for like: both use the 2 cores (one process with 2 threads, two with one each). Ray's 1-worker run is
         # no baseline: Ray gives a worker one CPU and one thread, so its gain to 2 workers is mostly threads.
-        lines.append(f"- 1 process to 2, each run on both cores: {speed['ddp'] / speed['single_machine']:.2f}x the "
+        lines.append(f"- 1 process to 2, each run on both cores: {ips['ddp'] / ips['single_machine']:.2f}x the "
                      f"images/s (one process, then torchrun DDP)")
-    starts = [(label, steps[n].launch_to_first_step_s) for n, label in
-              [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]
-    if starts:
+    if starts := [(label, steps[n].launch_to_first_step_s) for n, label in
+                  [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]:
         lines.append("- Launch to first step: " + ", ".join(f"{label} {s:.1f} s" for label, s in starts))
     if not lines:
         return ["Not measured yet."]
@@ -929,30 +652,22 @@ def memory_slide(results: dict) -> list:
     """The memory lesson on a slide: DDP, FSDP1 and FSDP2 on 1, 2 and 4 workers, state per rank and outcome."""
     memory = {r.name: r for r in runs(results, "memory")}
     full = memory.get("memory_ddp_n1")
-    full_state = state_mb(full.summary) if full and full.status == "ok" else None
-    lines = ["| strategy | workers | state per rank | outcome |", "|---|---|---|---|"]
+    rows = []
     for n in sorted({r.workers for r in memory.values()}):
         # One worker: FSDP2 holds what DDP does (its row is in the full table).
-        for name, strategy in [(f"memory_ddp_n{n}", "DDP")] + [(f"memory_fsdp1_n{n}", "FSDP1"),
-                                                                (f"memory_fsdp2_n{n}", "FSDP2")] * (n > 1):
-            r = memory.get(name)
-            if r is None:
+        for strategy in ["DDP"] + ["FSDP1", "FSDP2"] * (n > 1):
+            if (r := memory.get(f"memory_{strategy.lower()}_n{n}")) is None:
                 continue
-            if r.status == "ok":
-                state = state_mb(r.summary)
-                outcome = f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB"
-            else:
-                state = full_state if strategy == "DDP" else None  # DDP holds everything on every rank
-                need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
-                if r.status == "skipped":
-                    outcome = f"not started: {need.group(1)} > {need.group(2)} GiB" if need else "not started"
-                else:
-                    outcome = "killed by Ray: out of memory" if "OutOfMemory" in (r.error or "") else "failed"
-            shown = f"{state / 1024:.2f} GiB" if state is not None else "-"
-            lines.append(f"| {strategy} | {n} | {shown} | {outcome} |")
+            # DDP holds everything on every rank: a DDP run that did not fit would have held the 1-worker run's state
+            state = r if r.status == "ok" else full if strategy == "DDP" and full and full.status == "ok" else None
+            need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
+            rows.append([strategy, n, f"{state_mb(state.summary) / 1024:.2f} GiB" if state else "-", outcome(
+                r, lambda r: f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB",
+                f"not started: {need[1]} > {need[2]} GiB" if need else "not started", "killed by Ray: out of memory")])
     ok = [r for r in memory.values() if r.status == "ok"]
     what = f"`{ok[0].summary['model']}`, one step each" if ok else "the largest preset"
-    return lines + ["", f"{slide_measured_on(results)}: {what}"]
+    return table(["strategy", "workers", "state per rank", "outcome"], rows) + [
+        "", f"{slide_measured_on(results)}: {what}"]
 
 
 def ray_start_slide(results: dict) -> list:
@@ -960,60 +675,30 @@ def ray_start_slide(results: dict) -> list:
     steps = ok_runs(results, "steps")
     if results.get("ray_start_s") is None or "ray_ddp" not in steps:
         return ["Not measured yet."]
-    line = (f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
-            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s")
-    if "ddp" in steps:
-        line += f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)"
-    return [line, "", f"{slide_measured_on(results)}: the steps table"]
+    torchrun = f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)" if "ddp" in steps else ""
+    return [f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
+            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s{torchrun}", "",
+            f"{slide_measured_on(results)}: the steps table"]
 
 
 def comparison_slide(results: dict) -> list:
     """"Which one when", measured: the four strategies side by side, in cells short enough for a slide."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
-    names = [("ddp", "torchrun DDP"), ("ray_ddp", "Ray DDP"), ("ray_fsdp", "FSDP1"), ("ray_fsdp2", "FSDP2")]
-    speed = {n: steady_images_per_s(steps[n].summary) for n, _ in names if n in steps}
-    lines = ["| | " + " | ".join(title for _, title in names) + " |", "|---" * (len(names) + 1) + "|"]
+    ips = {n: steady_images_per_s(steps[n].summary) for n, *_ in COMPARED if n in steps}
 
     def row(label, cell):
-        lines.append(f"| {label} | " + " | ".join(cell(n) for n, _ in names) + " |")
-    row("images/s, 2 ranks", lambda n: f"{speed[n]:,.0f}" if n in speed else "-")
-    row("of torchrun's", lambda n: f"{speed[n] / speed['ddp']:.2f}" if n in speed and "ddp" in speed else "-")
-    row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-")
-
-    def giant(n):
-        r = memory.get(GIANT_ON_TWO[n])
-        if r is None:
-            return "-"
-        if r.status == "skipped":
-            return "does not fit"
-        if r.status != "ok":
-            return "killed" if "OutOfMemory" in (r.error or "") else "failed"
-        return f"{state_mb(r.summary) / 1024:.1f} GiB each"
-    row("`giant`, 2 ranks", giant)
-    # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
-    row("a crash", lambda n: {"ddp": "all restart", "ray_ddp": "restarts",
-                               "ray_fsdp": "restarts", "ray_fsdp2": "restarts"}[n])
+        return [label] + [cell(n) for n, *_ in COMPARED]
+    rows = [row("images/s, 2 ranks", lambda n: f"{ips[n]:,.0f}" if n in ips else "-"),
+            row("of torchrun's", lambda n: f"{ips[n] / ips['ddp']:.2f}" if n in ips and "ddp" in ips else "-"),
+            row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-"),
+            row("`giant`, 2 ranks", lambda n: outcome(memory.get(GIANT_ON_TWO[n]),
+                                                      lambda r: f"{state_mb(r.summary) / 1024:.1f} GiB each",
+                                                      "does not fit", "killed")),
+            # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
+            row("a crash", lambda n: "all restart" if n == "ddp" else "restarts")]
     first = next(iter(steps.values())).summary if steps else {}
-    return lines + ["", f"{slide_measured_on(results)}: `{first.get('model')}`"]
-
-
-def rehearsal_table(results: dict) -> list:
-    """The core talk's live commands against their slots (slides/rehearse.py): one row per slide."""
-    by_slide = {}
-    for c in results["commands"]:
-        by_slide.setdefault((c["slide"], c["title"], c["slot_min"]), []).append(c)
-    lines = ["| slide | what runs | slot | measured |", "|---|---|---|---|"]
-    for (number, title, slot), commands in by_slide.items():
-        what = "<br>".join(f"`{c['command']}`" for c in commands)
-        seconds = sum(c["seconds"] for c in commands)
-        failed = [c for c in commands if not c["ok"]]
-        lines.append(f"| {number}: {title} | {what} | {slot:g} min | {seconds:.0f} s"
-                     + (", over its slot" if seconds > 60 * slot else "")
-                     + (f", {len(failed)} failed" if failed else "") + " |")
-    before, after = results["load_average_before"], results["load_average_after"]
-    return lines + ["", f"Rehearsed on {results['machine']}; {results['started_utc']}, commit {results['commit']}, "
-                        f"{results['data']}; load average (1, 5, 15 min) {', '.join(map(str, before))} before, "
-                        f"{', '.join(map(str, after))} after."]
+    return table([""] + [title for _, _, title, _ in COMPARED], rows) + [
+        "", f"{slide_measured_on(results)}: `{first.get('model')}`"]
 
 
 # Each designed pair's lesson, by its newer script, in the slide's order; the pairs themselves are tests/test_diffs.py's
@@ -1037,32 +722,9 @@ def designed_pairs() -> dict:
 def diffs_slide(results: dict) -> list:
     """The designed diffs and their size, counted in the scripts now (the results are not read)."""
     pairs = designed_pairs()
-    lines = ["| the lesson | lines changed |", "|---|---|"]
-    for new, lesson in LESSONS.items():
-        old = pairs[new]
-        exists = (ROOT / old).is_file() and (ROOT / new).is_file()
-        lines.append(f"| {lesson} | {changed_lines(old, new) if exists else 'not written yet'} |")
-    return lines
-
-
-def lab_times(results: dict, labs: tuple = ()) -> list:
-    """Each lab's check (only labs, if given) on its untouched starting file and on its solution."""
-    files = {}
-    for run in results["runs"]:
-        files.setdefault(run["lab"], {})[run["file"]] = run
-    lines = ["| lab | `python -m labs.check LAB`, on the untouched file | on the solution |", "|---|---|---|"]
-    for lab, runs_of_lab in files.items():
-        if lab in labs or not labs:
-            lines.append(f"| {lab} | {lab_time(runs_of_lab['untouched'])} | {lab_time(runs_of_lab['solution'])} |")
-    busiest = max(run["load_before"] for run in results["runs"])
-    return lines + ["", f"Wall clock with Python's start, one run each, one after the other, nothing else running "
-                        f"(the 1-minute load average before each, the checks before it included, at most "
-                        f"{busiest:.2f}); measured on {results['machine']}; {results['date']}, commit "
-                        f"{results['commit']}."]
-
-
-def lab_time(run: dict) -> str:
-    return f"{run['seconds']:.0f} s ({run['passed'] or 'no'} checks passed)"
+    return table(["the lesson", "lines changed"], [
+        [lesson, changed_lines(pairs[new], new) if (ROOT / pairs[new]).is_file() and (ROOT / new).is_file()
+         else "not written yet"] for new, lesson in LESSONS.items()])
 
 
 TABLES = {
@@ -1070,14 +732,17 @@ TABLES = {
     "comparison": (STEPS, comparison_table),
     "steps": (STEPS, steps_table),
     "local-mode": (STEPS, local_mode_table),
-    "startup": (STEPS, startup_table),
-    "memory": (STEPS, memory_table),
-    "inference": (STEPS, inference),
-    "recipe": (RECIPE, recipe),
-    "profile": (PROFILE, profile),
+    "startup": (STEPS, lambda results: startup_rows(ok_runs(results, "steps").values(), lambda r: RUN_NAMES.get(
+        r.name, r.name)) + ["", f"Seconds. Measured on {measured_on(results)}."]),
+    "memory": (STEPS, lambda results: memory_rows(runs(results, "memory")) + measured(results)),
+    "inference": (STEPS, lambda results: inference_table(runs(results, "inference")) + measured(results)),
+    "recipe": (RECIPE, lambda results: recipe_table(runs(results, "recipe")) + measured(results)),
+    "profile": (PROFILE, lambda results: profile_table(results) + [
+        "", f"Milliseconds per optimizer step, the mean of {results['profile_steps']} profiled steps; measured on "
+            f"{measured_on(results)}."]),
     "tune-sweep": (TUNE, tune_sweep),
-    "steps-slide": (STEPS, steps_slide),
-    "steps-variants-slide": (STEPS, steps_variants_slide),
+    "steps-slide": (STEPS, lambda results: steps_slide(results, SLIDE_CORE_RUNS)),
+    "steps-variants-slide": (STEPS, lambda results: steps_slide(results, SLIDE_VARIANT_RUNS)),
     "steps-findings-slide": (STEPS, steps_findings_slide),
     "memory-slide": (STEPS, memory_slide),
     "diffs-slide": (STEPS, diffs_slide),
@@ -1085,9 +750,6 @@ TABLES = {
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
-    "ray-vs-torchrun-epochs": (PUBLISHED / "ray-vs-torchrun-epochs", ray_vs_torchrun_epochs),
-    "cpu-share-niceness": (PUBLISHED / "cpu-share-niceness", cpu_share_niceness),
-    "suite-time-cores": (PUBLISHED / "suite-time", suite_time_cores),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01",)), ("02", ("02", "02-hang")), ("04", ("04", "04-accumulate")), ("05", ("05",)),
         ("06", ("06",))]},
@@ -1100,7 +762,7 @@ def render(name: str) -> str:
     if not path.exists():
         return (f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in "
                 f"benchmarks/README.md, section Maintainers.\n")
-    return "\n".join(table(load(path))) + "\n"
+    return "\n".join(table(json.loads(path.read_text()))) + "\n"
 
 
 def documents() -> list:
@@ -1119,19 +781,14 @@ def rewritten(text: str) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a document differs")
-    args = parser.parse_args()
-    stale = []
-    for path in documents():
-        text = path.read_text()
-        new = rewritten(text)
-        if new != text:
-            stale.append(str(path.relative_to(ROOT)))
-            if not args.check:
-                path.write_text(new)
-    if args.check and stale:
-        raise SystemExit(f"error: tables differ from their results.json in {', '.join(stale)}; "
-                         f"run python benchmarks/tables.py")
-    print(("stale: " if args.check else "rewrote: ") + (", ".join(stale) or "nothing"))
+    check = parser.parse_args().check
+    stale = [path for path in documents() if rewritten(path.read_text()) != path.read_text()]
+    names = ", ".join(str(path.relative_to(ROOT)) for path in stale)
+    if check and stale:
+        raise SystemExit(f"error: tables differ from their results.json in {names}; run python benchmarks/tables.py")
+    for path in [] if check else stale:
+        path.write_text(rewritten(path.read_text()))
+    print(("stale: " if check else "rewrote: ") + (names or "nothing"))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,17 @@
-"""Where the time of a profiled step went, read from the traces that --profile-steps writes (common/profiling.py):
-per optimizer step, the time in forward, backward and the optimizer, the calls and time of each collective, and
-how much of the communication overlapped compute. A benchmark's tool, never run inside the training processes:
+"""Where the time of a profiled step went, read from the traces that --profile-steps writes (common/profiling.py),
+outside the training processes: per optimizer step, forward, backward and the optimizer, the calls and time of each
+collective, and how much of the communication overlapped compute.
 
     python benchmarks/trace_analysis.py RUN_FOLDER     # the table, for a run's profile/rank<r>.json.gz
 
-How it reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by tests/test_profiling.py):
-- One training thread runs forward, backward (autograd runs CPU work on the thread that called
-  backward()) and the optimizer. Backward runs from the first autograd::engine::evaluate_function to
-  Optimizer.step#...; forward from the model's first event (DDP's or FSDP's forward, or the first
-  operator autograd records) to backward. The rest of the step (the next batch, augmentation, the
-  scheduler) is "other".
-- Each collective shows twice: where it was issued, on the training thread (c10d::allreduce_,
-  c10d::_allgather_base_, c10d::_reduce_scatter_base_: what the strategy asked for), and where it
-  ran, on one of gloo's own threads (gloo:all_reduce, gloo:all_gather), over the time it really
-  took, waiting for the other ranks included. gloo has no reduce-scatter: it all-reduces the whole
-  tensor and keeps its slice, so FSDP's reduce-scatters run as gloo:all_reduce. Calls are counted
-  where they were issued; their time is that of their run.
-- Compute is the time the training thread spends in operators (aten::*): waiting for a collective
-  is a gap between them. Overlapped: the part of the communication time during which it computed.
-On GPUs (untested with several: one GPU's trace was read) the trace also holds the GPU's timeline:
-a collective runs as an NCCL kernel, compute is the other kernels, and the phases, still timed on
-the CPU, are mostly the time to launch the GPU's work, which runs behind.
+How it reads a trace on CPUs (gloo; what PyTorch 2.14 records, checked by tests/test_profiling.py): one training
+thread runs forward, backward (autograd runs CPU work on the thread that called backward()) and the optimizer.
+Backward runs from the first autograd::engine::evaluate_function to Optimizer.step#...; forward from the model's first
+event to backward; the rest of the step (the next batch, augmentation) is "other". Each collective shows where it was
+issued, on the training thread (c10d::...), and where it ran, on a gloo thread (gloo:..., waits for the other ranks
+included; gloo runs a reduce-scatter as an all-reduce): calls are counted where issued, time where run. Compute is the
+training thread's time in operators (aten::*); overlapped, the communication time during which it computed. On GPUs
+(one GPU's trace was read) a collective runs as an NCCL kernel and compute is the other kernels.
 """
 import bisect
 import gzip
@@ -38,15 +29,12 @@ KINDS = {"reducescatter": "reduce_scatter", "allreduce": "all_reduce", "allgathe
 
 def summarize(run_folder) -> dict:
     """Every rank's profiled steps, from the traces in <run_folder>/profile/, and their mean."""
-    traces = sorted(Path(run_folder, "profile").glob("rank*.json.gz"),
-                    key=lambda path: int(re.search(r"rank(\d+)", path.name)[1]))
+    traces = sorted((int(re.search(r"rank(\d+)", path.name)[1]), path)
+                    for path in Path(run_folder, "profile").glob("rank*.json.gz"))
     if not traces:
         raise SystemExit(f"error: no traces in {Path(run_folder, 'profile')}; run a step with --profile-steps N")
-    ranks = []
-    for trace in traces:
-        steps = analyze_trace(load_trace(trace))
-        ranks.append(dict(rank=int(re.search(r"rank(\d+)", trace.name)[1]), trace=str(trace), steps=steps,
-                          mean=mean(steps)))
+    ranks = [dict(rank=rank, trace=str(trace), steps=(steps := analyze_trace(load_trace(trace))), mean=mean(steps))
+             for rank, trace in traces]
     return dict(profiled_steps=len(ranks[0]["steps"]), ranks=ranks)
 
 
@@ -78,7 +66,9 @@ def step_parts(events: list[dict], step: dict) -> dict:
     mine = [e for e in inside if e["tid"] == thread]
     optimizer_steps = [span(e) for e in mine if e["name"].startswith("Optimizer.step#")]
     zero_grads = [span(e) for e in mine if e["name"].startswith("Optimizer.zero_grad#")]
-    forward_starts = sorted(e["ts"] for e in mine if is_forward_start(e))
+    # a forward starts at DDP's or FSDP1's forward, FSDP2's forward hooks, or an operator that autograd records
+    forward_starts = sorted(e["ts"] for e in mine if e["ph"] == "s" or e["name"].endswith(".forward")
+                            or e["name"].startswith(("FSDP::root_pre_forward", "FSDP::pre_forward")))
     backward = backward_passes(inside, forward_starts, optimizer_steps)
     return dict(start=start, end=end, forward=forward_passes(forward_starts, backward, start),
                 backward=backward, optimizer=optimizer_steps + zero_grads,
@@ -86,12 +76,10 @@ def step_parts(events: list[dict], step: dict) -> dict:
 
 
 def backward_passes(events: list[dict], forward_starts: list, optimizer_steps: list) -> list:
-    """(start, end) of each backward(): autograd's functions until a forward starts. The pass
-    that the optimizer follows lasts until the optimizer starts: after autograd's last function,
-    DDP still waits there for its last all-reduce."""
+    """(start, end) of each backward(): autograd's functions until a forward starts. The pass that the optimizer follows
+    lasts until the optimizer starts: after autograd's last function, DDP still waits there for its last all-reduce."""
     passes = []
-    functions = sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION))
-    for start, end in functions:
+    for start, end in sorted(span(e) for e in events if e["name"].startswith(AUTOGRAD_FUNCTION)):
         if passes and not starts_between(forward_starts, passes[-1][1], start):
             passes[-1] = (passes[-1][0], max(passes[-1][1], end))
         else:
@@ -121,20 +109,11 @@ def starts_between(starts: list, begin: float, end: float) -> bool:
     return first < len(starts) and starts[first] < end
 
 
-def is_forward_start(event: dict) -> bool:
-    """DDP's or FSDP1's forward, FSDP2's forward hooks, or an operator that autograd records."""
-    name = event["name"]
-    return (event["ph"] == "s" or name.endswith(".forward")
-            or name.startswith(("FSDP::root_pre_forward", "FSDP::pre_forward")))
-
-
 def compute_intervals(events: list[dict], thread) -> list[tuple]:
     """When the device computed: GPU kernels other than NCCL's when the trace has any, else the
     training thread's operators."""
     kernels = [span(e) for e in events if e.get("cat") == "kernel" and not is_run(e)]
-    if kernels:
-        return union(kernels)
-    return union(span(e) for e in events if e["tid"] == thread and e["name"].startswith("aten::"))
+    return union(kernels or [span(e) for e in events if e["tid"] == thread and e["name"].startswith("aten::")])
 
 
 def collectives(events: list[dict]) -> list[dict]:
@@ -142,7 +121,7 @@ def collectives(events: list[dict]) -> list[dict]:
 
     The process group runs them in the order they were issued: each issue takes the first later
     run of its kind (for a reduce-scatter on gloo, an all-reduce)."""
-    issued = outermost([e for e in events if is_issue(e)])
+    issued = outermost([e for e in events if e["name"].startswith("c10d::") and collective_kind(e["name"])])
     runs = sorted((e for e in events if is_run(e)), key=lambda e: e["ts"])
     found = []
     for issue in issued:
@@ -154,10 +133,6 @@ def collectives(events: list[dict]) -> list[dict]:
         found.append(dict(kind=kind, ran=None if run is None else span(run)))
     found += [dict(kind=collective_kind(r["name"]), ran=span(r)) for r in runs]  # issued unseen
     return found
-
-
-def is_issue(event: dict) -> bool:
-    return event["name"].startswith("c10d::") and collective_kind(event["name"]) is not None
 
 
 def is_run(event: dict) -> bool:
@@ -183,8 +158,7 @@ def outermost(events: list[dict]) -> list[dict]:
 
 def breakdown(parts: dict) -> dict:
     """A step's milliseconds: phases, each collective kind (calls, ms), communication, overlap."""
-    forward, backward = union(parts["forward"]), union(parts["backward"])
-    optimizer = union(parts["optimizer"])
+    forward, backward, optimizer = union(parts["forward"]), union(parts["backward"]), union(parts["optimizer"])
     busy = union(forward + backward + optimizer)
     phases = dict(step=parts["end"] - parts["start"],
                   forward=total(forward) - total(intersection(forward, optimizer)),
@@ -194,7 +168,7 @@ def breakdown(parts: dict) -> dict:
     for c in parts["collectives"]:
         kind = kinds.setdefault(c["kind"], dict(calls=0, ms=0.0))
         kind["calls"] += 1
-        kind["ms"] += length(c["ran"]) / 1000 if c["ran"] else 0.0
+        kind["ms"] += total([c["ran"]]) / 1000 if c["ran"] else 0.0
     communication = union(c["ran"] for c in parts["collectives"] if c["ran"])
     return dict({f"{name}_ms": us / 1000 for name, us in phases.items()}, collectives=kinds,
                 communication_ms=total(communication) / 1000,
@@ -205,34 +179,10 @@ def mean(steps: list[dict]) -> dict:
     """The steps' average: every number, and every collective's calls and ms."""
     def average(values):
         return sum(values) / len(steps)
-
-    result = {key: average(s[key] for s in steps) for key in steps[0] if key.endswith("_ms")}
     kinds = sorted({kind for s in steps for kind in s["collectives"]})
-    result["collectives"] = {
-        kind: {field: average(s["collectives"].get(kind, {}).get(field, 0) for s in steps)
-               for field in ("calls", "ms")} for kind in kinds}
-    return result
-
-
-def summary_table(summary: dict, folder: Path) -> str:
-    """A line per rank, ms per optimizer step (mean of the profiled steps)."""
-    kinds = sorted({kind for r in summary["ranks"] for kind in r["mean"]["collectives"]})
-    rows = [["rank", "step", "forward", "backward", "optimizer", "other", *kinds, "communication",
-             "overlapped"]]
-    for r in summary["ranks"]:
-        m = r["mean"]
-        calls = [m["collectives"].get(kind, dict(calls=0, ms=0)) for kind in kinds]
-        overlapped = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
-        rows.append([str(r["rank"])] + [f"{m[f'{phase}_ms']:.1f}" for phase in PHASES] +
-                    [f"{c['calls']:g} calls, {c['ms']:.1f}" for c in calls] +
-                    [f"{m['communication_ms']:.1f}", f"{overlapped:.0%}"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-             for row in rows]
-    title = (f"{summary['profiled_steps']} profiled optimizer steps, ms per step (mean); "
-             "collectives: calls and their ms in all, waits included")
-    where = f"traces (ui.perfetto.dev, chrome://tracing): {folder}/profile/rank<r>.json.gz"
-    return "\n".join([title, *table, where])
+    return dict({key: average(s[key] for s in steps) for key in steps[0] if key.endswith("_ms")}, collectives={
+        kind: {field: average(s["collectives"].get(kind, {}).get(field, 0) for s in steps) for field in ("calls", "ms")}
+        for kind in kinds})
 
 
 def span(event: dict) -> tuple:
@@ -241,10 +191,6 @@ def span(event: dict) -> tuple:
 
 def end_of(event: dict) -> float:
     return event["ts"] + event.get("dur", 0)
-
-
-def length(interval: tuple) -> float:
-    return interval[1] - interval[0]
 
 
 def union(intervals) -> list[tuple]:
@@ -279,4 +225,10 @@ def total(intervals: list[tuple]) -> float:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit("usage: python benchmarks/trace_analysis.py RUN_FOLDER")
-    print(summary_table(summarize(sys.argv[1]), Path(sys.argv[1])))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tables import profile_table  # the published profile's table, one variant: this run
+
+    ranks = summarize(sys.argv[1])["ranks"]
+    print(f"{len(ranks[0]['steps'])} profiled optimizer steps, ms per step (mean); traces (ui.perfetto.dev): "
+          f"{Path(sys.argv[1], 'profile')}/rank<r>.json.gz")
+    print("\n".join(profile_table(dict(variants=[dict(title=Path(sys.argv[1]).name, status="ok", ranks=ranks)]))))

@@ -10,7 +10,7 @@ from .errors import fail
 
 # A convolutional stem (stem: the (channels, stride) of each of its 3x3 convolutions) or, without one, a
 # stride-4 patchify turns a 32x32 image into tokens (+1 class token).
-# hybrid (the default): 75% and more in 10 epochs on a 2-core laptop (benchmarks/published/recipe-search/); a
+# hybrid (the default): 75% and more in 10 epochs on a 2-core laptop (benchmarks/published/archive/recipe-search/); a
 # stride-1 convolution before each stride-2 one, down to 4x4 = 16 tokens.
 # tiny: 3x fewer parameters, 8x8 = 64 tokens; the tests train it (it leaves chance level within a few steps).
 # small: a larger model for GPUs. base/large/huge/giant: the memory lessons of steps 03/04 (86M to ~1B).

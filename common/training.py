@@ -44,7 +44,7 @@ def predict(model, images: torch.Tensor) -> torch.Tensor:
 
     Flip test-time augmentation, as airbench does: the model trained on flipped images, so it sees
     two views of the same picture for one more forward pass. Chosen on the validation split: +1.1 to
-    1.2 points after 10 epochs (benchmarks/published/recipe-search/).
+    1.2 points after 10 epochs (benchmarks/published/archive/recipe-search/).
     """
     x = normalize(images)
     return (model(x).float().softmax(1) + model(x.flip(3)).float().softmax(1)) / 2

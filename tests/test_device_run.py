@@ -47,7 +47,7 @@ def test_the_dry_run_checks_every_planned_command_runs_two_and_writes_the_schema
     table = (tmp_path / "results.md").read_text()
     for n in (1, 2, 4, 8):
         assert f"\n| {n} | {2 * n} | " in table, n
-    assert "| 01 `train_single_machine.py` | 1 | " in table
+    assert "| single_machine | 1 | " in table
 
 
 def with_flags_a_step_refuses(plan):

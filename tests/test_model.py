@@ -2,9 +2,8 @@
 import torch
 from torchvision.models.vision_transformer import VisionTransformer
 
-from common.model import PRESETS, build_model, count_params
-from common.data import CROP_PADDING
-from conftest import SMOKE, final_json, load_script, checkpoint_weights, python
+from common.model import build_model, count_params
+from conftest import SMOKE, final_json, checkpoint_weights, python
 
 
 def stem_strides(model) -> list[int]:
@@ -31,11 +30,3 @@ def test_hybrid_trains_in_a_step_script_and_its_checkpoint_loads(tmp_path):
                                 "--epochs", "1", "--checkpoint-dir", str(tmp_path)))
     assert summary["model"] == "hybrid" and summary["params"] == 2_410_858
     build_model("hybrid").load_state_dict(checkpoint_weights(tmp_path))
-
-
-def test_the_presets_are_the_recipe_search_variants_that_won():
-    """benchmarks/recipe_search.py says so; its published results are these presets' evidence."""
-    search = load_script("benchmarks/recipe_search.py")
-    for preset, variant in [("tiny", "stem_pad2"), ("hybrid", "hybrid192_deep")]:
-        changes, crop_padding, flags = search.VARIANTS[variant]
-        assert dict(search.FIRST_TINY, **changes) == PRESETS[preset] and crop_padding == CROP_PADDING and flags == []

@@ -192,7 +192,7 @@ def test_step01s_ddp_run_is_profiled_phase_by_phase_and_its_table_printed(ddp_ru
     monkeypatch.setattr(sys, "argv", command.split()[1:])
     runpy.run_path(str(ROOT / "benchmarks/trace_analysis.py"), run_name="__main__")
     table = capsys.readouterr().out
-    assert "  2 calls, " in table  # the all_reduce column: calls, ms in all
+    assert "all_reduce: 2 calls, " in table  # the communication column: calls, ms in all
 
 
 def test_step04s_fsdp2_run_is_profiled_phase_by_phase_on_both_ranks(fsdp2_run):

@@ -53,18 +53,15 @@ def test_the_path_tables_minutes_are_one_epoch_whatever_the_epochs_the_benchmark
 # The results.md that tables.py renders beside a published results.json (no document quotes them whole)
 RESULTS_MD = {"cpu_share_markdown": sorted(tables.PUBLISHED.glob("cpu-share*/**/ray_ddp*/results.json"))
               + sorted(tables.PUBLISHED.glob("cpu-share*/**/torchrun_ddp*/results.json")),
-              "fit_processes_markdown": [tables.PUBLISHED / "ray-fit-processes" / "results.json"],
-              "report_latency_markdown": [tables.PUBLISHED / "report-latency" / "results.json"],
               "profile_results_markdown": [tables.PUBLISHED / "profile" / "results.json"],
-              "steps_results_markdown": [tables.STEPS, tables.RECIPE]
-              + sorted(tables.PUBLISHED.glob("ray-vs-torchrun-epochs/*/results.json"))}
+              "steps_results_markdown": [tables.STEPS, tables.RECIPE]}
 
 
 @pytest.mark.parametrize("markdown, results", [(name, path) for name, paths in RESULTS_MD.items() for path in paths],
                          ids=lambda p: str(p.relative_to(tables.PUBLISHED)) if hasattr(p, "relative_to") else p)
 def test_a_published_results_md_is_its_results_json_rendered_now(markdown, results):
-    """ray_overhead.py's were written by three tools before they were one, and profile_steps.py's by itself before
-    tables.py drew it; the renderer still reads them, and draws compare_steps.py's as it did."""
+    """ray_overhead.py's were written by cpu_share.py before, and profile_steps.py's by itself before tables.py drew
+    it; the renderer still reads them, and draws compare_steps.py's as it did."""
     rendered = getattr(tables, markdown)(json.loads(results.read_text()))
     assert rendered == (results.parent / "results.md").read_text()
 
