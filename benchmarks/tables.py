@@ -194,12 +194,12 @@ COMPARED = [("ddp", "torchrun DDP (01)", "torchrun DDP", "01-vanilla-pytorch-ddp
             ("ray_fsdp", "Ray FSDP1 (03)", "FSDP1", "03-ray-train-fsdp/train_ray_fsdp.py"),
             ("ray_fsdp2", "Ray FSDP2 (04)", "FSDP2", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
 BY_HAND = {"ddp": "process group, sampler and `set_epoch`, DDP wrap, metric reduction, rank-0 output, launch "
-                  "on every node, `--resume` after a restart",
+                  "on every node, resuming after a restart",
            "ray_ddp": "`set_epoch`, metric reduction, a report on every rank",
            "ray_fsdp": "as 02, plus the full-state gather for checkpoints",
            "ray_fsdp2": "as 02, plus `fully_shard` per block, meta-device build, sharded checkpoints (DCP)"}
-FAULTS = {"ddp": "`torchrun --max-restarts N` restarts every rank on the same nodes; the script resumes only with "
-                 "`--resume` (tested), else starts again and overwrites its checkpoint",
+FAULTS = {"ddp": "`torchrun --max-restarts N` restarts every rank on the same nodes; the script must resume from "
+                 "its own checkpoint, as step 01 does (tested)",
           "ray_ddp": "the worker group restarts from the last checkpoint, on the nodes the cluster has then; runs "
                      "kept by name in checkpoint storage (tested)",
           "ray_fsdp": "restarts from the last checkpoint (tested)",
