@@ -199,3 +199,10 @@ def test_the_handout_keeps_the_lines_that_say_a_run_is_healthy():
     assert "Run by you; 38 s." in text
     assert ("```text\nepoch 1/2 | 2 processes | train loss 2.2695 | test acc 17.20% | 5.0 s\n(raylet) A worker died or "
             "was killed\nresumed from .../checkpoints/ray_ddp/r/checkpoint_1 after epoch 1\n```") in text
+
+
+def test_the_decks_handout_page_lists_the_rooms_commands_in_the_talks_order():
+    page = next(slide for slide in SLIDES if slide.title == "Handout: the room's commands")
+    typed = [command for title, command in rehearse.REHEARSAL
+             if title.startswith("Your turn") or title == "Step 01: the baseline"]
+    assert rehearse.deck_commands(page) == typed
