@@ -11,6 +11,7 @@ import re
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import ray
@@ -158,16 +159,13 @@ def explain_a_refused_driver(address: str) -> None:
         return
     shown = sys.excepthook
 
-    def one_line(kind, error, traceback):
-        last = traceback
-        while last and last.tb_next:
-            last = last.tb_next
-        if issubclass(kind, ConnectionError) and last and last.tb_frame.f_code.co_name == "init":
+    def one_line(kind, error, tb):
+        if issubclass(kind, ConnectionError) and tb and traceback.extract_tb(tb)[-1].name == "init":
             print(f"error: the Ray cluster at --address {address} refused this driver ({error}); if its head "
                   f"uses token authentication, set {AUTH_MODE}=token here and copy the head's ~/.ray/auth_token "
                   f"to this machine's ~/.ray/ (README: Running on a cluster)", file=sys.stderr)
         else:
-            shown(kind, error, traceback)
+            shown(kind, error, tb)
 
     sys.excepthook = one_line
 

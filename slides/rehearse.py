@@ -156,9 +156,10 @@ def talk_words(slide: Slide) -> int:
 
 
 def changed_lines(diff_command: str) -> int:
-    old, new = shlex.split(diff_command)[-2:]
-    out = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
-    return sum(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in out.splitlines())
+    """The changed lines of a `diff -u OLD NEW` command, counted as the README's comparison table counts them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tables import changed_lines as counted
+    return counted(*shlex.split(diff_command)[-2:])
 
 
 def slide_budget(slide: Slide, runs: list) -> dict:
@@ -298,8 +299,8 @@ def handout_markdown(results: dict) -> str:
         who = "you" if c["title"].startswith("Your turn") else "the presenter (follow along if you like)"
         lines += [f"## Slide {c['slide']}: {c['title']}", "", f"Run by {who}; {c['seconds']:.0f} s.", "",
                   "```bash", c["command"], "```", ""]
-        healthy = [re.sub(r"/\S*/checkpoints/", ".../checkpoints/", ANSI.sub("", line))
-                   for line in c["last_lines"] if HEALTHY.match(ANSI.sub("", line))]
+        plain = [ANSI.sub("", line) for line in c["last_lines"]]
+        healthy = [re.sub(r"/\S*/checkpoints/", ".../checkpoints/", line) for line in plain if HEALTHY.match(line)]
         if healthy:
             lines += ["```text", *healthy, "```", ""]
     return "\n".join(lines)

@@ -90,7 +90,8 @@ def test_ddp_crash_stops_every_rank_and_resume_equals_uninterrupted(ddp_run, tmp
 
 # torchrun's c10d rendezvous otherwise hands the restarted ranks the store of the ranks that died, where gloo can
 # read a dead rank's address (README: Restarts); the standalone launch is c10d on this machine.
-RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+RESTARTABLE = {SEPARATE_STORES: "1"}
 
 
 def test_torchrun_max_restarts_restarts_every_rank_and_they_resume_from_the_scripts_checkpoint(ddp_run, tmp_path):
@@ -114,7 +115,7 @@ def test_torchrun_restarts_work_only_without_a_shared_rendezvous_store(monkeypat
 
     handler = DynamicRendezvousHandler.__new__(DynamicRendezvousHandler)
     assert handler.use_agent_store
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    monkeypatch.setenv(SEPARATE_STORES, "1")
     assert not handler.use_agent_store
 
 
