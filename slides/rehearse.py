@@ -295,9 +295,10 @@ def handout_markdown(results: dict) -> str:
              "prints (the rest cut), and how long it took in the rehearsal on "
              f"{results['machine']} ({results['date']}, each run started at a 1-minute load average below 1). "
              "Your machine prints the same lines up to float rounding, in its own time.", ""]
+    numbers = {slide.title: slide.number for slide in parse_deck(DECK.read_text())}  # the deck's, as it is now
     for c in results["commands"]:
         who = "you" if c["title"].startswith("Your turn") else "the presenter (follow along if you like)"
-        lines += [f"## Slide {c['slide']}: {c['title']}", "", f"Run by {who}; {c['seconds']:.0f} s.", "",
+        lines += [f"## Slide {numbers[c['title']]}: {c['title']}", "", f"Run by {who}; {c['seconds']:.0f} s.", "",
                   "```bash", c["command"], "```", ""]
         plain = [ANSI.sub("", line) for line in c["last_lines"]]
         healthy = [re.sub(r"/\S*/checkpoints/", ".../checkpoints/", line) for line in plain if HEALTHY.match(line)]

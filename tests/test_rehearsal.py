@@ -191,7 +191,7 @@ def test_the_handout_is_the_published_rehearsal():
 
 def test_the_handout_keeps_the_lines_that_say_a_run_is_healthy():
     results = dict(machine="M", date="D", commands=[dict(
-        slide=15, title="Your turn: step 02", seconds=37.5, command="python x.py", last_lines=[
+        slide=15, title="Your turn: step 02, a crash and a restart", seconds=37.5, command="python x.py", last_lines=[
             "model hybrid: ...", "epoch 1/2 | 2 processes | train loss 2.2695 | test acc 17.20% | 5.0 s",
             "\x1b[33m(raylet)\x1b[0m A worker died or was killed", "Error in training function: RuntimeError: x",
             "resumed from /tmp/w/checkpoints/ray_ddp/r/checkpoint_1 after epoch 1", '{"step": "ray_ddp"}'])])
