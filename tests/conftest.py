@@ -1,32 +1,30 @@
+"""The suite's shared settings, runs and checks. Its two plugins: suite_rules.py (every fixture's time limit, CI's
+no-skip rule) and early.py (the runs that start with the session); processes starts every process."""
 import argparse
 import builtins
-import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-# Every fixture's time limit and CI's no-skip rule: hooks, which pytest finds by their names here.
-from suite_rules import pytest_fixture_setup, pytest_runtest_makereport, time_limit  # noqa: F401
-# The runs that start with the session and the tests that take them last (tests marked early): early.py.
-from early import early_run, early_runs, pytest_collection_modifyitems  # noqa: F401
+
+pytest.register_assert_rewrite("early", "suite_rules")  # plugins (pytest_plugins, below) this file imports
+from early import takes  # noqa: E402
+from checks import final_json, load_script  # noqa: E402
+from processes import ROOT, python, torchrun  # noqa: E402
+from suite_rules import time_limit  # noqa: E402
 
 from common.meter import summary_of  # noqa: E402
-from labs.harness import free_port  # torchrun's and the launcher's rendezvous ports, as the labs' checks pick them
 
-ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["suite_rules", "early"]
 SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
 RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
 RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
 TUNE = "05-ray-tune/tune_ray_ddp.py"
-TRAINING_STEPS = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
-                  "train_ray_fsdp.py", "train_ray_fsdp2.py", "tune_ray_ddp.py")
 # Tiny, fast settings on the synthetic data: 2 epochs of 6 steps. In so few steps the recipe's lr 2e-3 often
 # leaves the conv stem at chance; at 1e-3 three data orders reached 36-41% test accuracy (on 256 images). Evaluated
 # on the first EVAL_IMAGES of the 1,024 synthetic test images, each scored twice (itself and its mirror): a run
@@ -51,14 +49,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Nor a preemption watcher per worker group (an actor that waits for a cloud node's notice of preemption): none comes
 # here, and each cost 1.3 core-seconds. The scripts turn it off themselves on a Ray they start (--address local).
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-
-
-def load_script(path: str):
-    """A script of this repository as a module (its main() does not run), to test its functions."""
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Parsed(Exception):
@@ -173,31 +163,16 @@ def cluster_main_error(cluster_driver, main_error):
     return cluster_main_error
 
 
-def run(cmd, timeout=180, env=None, **kwargs):
-    """Run a command from the repository root, with these variables added; return the CompletedProcess (text). A
-    training step must name its --model: no test depends on the default preset, which is chosen for 10-epoch runs,
-    not for tests."""
-    return subprocess.run(cmd, **command_options(cmd, env), capture_output=True, text=True, timeout=timeout, **kwargs)
+@pytest.fixture
+def gloo_group_of_one():
+    """A one-process gloo group (its store in memory: no port), in which DDP and fully_shard run as on many; yields
+    its 1-D device mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-
-def start(cmd, stdout, stderr, env=None) -> subprocess.Popen:
-    """run(), in the background: the started process, writing to these files, with these variables added."""
-    return subprocess.Popen(cmd, **command_options(cmd, env), stdout=stdout, stderr=stderr, text=True)
-
-
-def command_options(cmd, env=None) -> dict:
-    if any(str(part).endswith(TRAINING_STEPS) for part in cmd):
-        assert "--model" in cmd, f"name the preset this test trains: {cmd}"
-    return dict(cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def python(script, *args, **kwargs):
-    return run([sys.executable, str(ROOT / script), *args], **kwargs)
-
-
-def torchrun(script, nproc, *args, **kwargs):
-    return run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--master-port", str(free_port()), str(ROOT / script), *args], **kwargs)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")
@@ -282,6 +257,7 @@ def fsdp2_run(ray_cluster, tmp_path_factory):
 SWEEP_SEED = "0"
 
 
+@takes(300)
 def finished_sweep(folder: Path, lane) -> tuple[dict, Path, subprocess.CompletedProcess]:
     """Step 05's sweep that test_step05 checks, and in the full suite the smoke tier's sweep too (test_smoke): 3
     trials of 2 workers (both CPUs), one at a time, 3 tiny epochs each. ASHA compares trials at epoch 2 and stops
@@ -296,173 +272,9 @@ def finished_sweep(folder: Path, lane) -> tuple[dict, Path, subprocess.Completed
     return final_json(result), folder, result
 
 
-def registered_epoch(storage: Path) -> int:
-    """The epoch of the newest checkpoint that Ray Train's controller has registered, from its snapshot in the run
-    folder: a restarted group resumes from there. A checkpoint reported but not registered yet (the controller polls
-    the workers) would be lost with a worker that dies, and its epoch trained again."""
-    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
-        try:
-            latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
-        except (OSError, ValueError, KeyError):  # being written
-            return 0
-        return latest["metrics"]["epoch"] if latest else 0
-    return 0
-
-
-def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float,
-                             lane) -> tuple[subprocess.CompletedProcess, int]:
-    """A Ray step on 2 workers (cmd, whose run folder goes in storage) on a Ray it starts (--address local), one of
-    whose workers is killed with kill -9 in epoch 2, the way a real crash comes: as soon as Ray has registered epoch
-    1's checkpoint, which a restart resumes from (give the run enough --steps-per-epoch for that to be mid-epoch).
-    Started by an early run's lane (early.py). Returns the run once it has ended, and the killed process id."""
-    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
-        run = lane.start(cmd, stdout=out, stderr=err)
-        try:
-            deadline = time.time() + timeout
-            while registered_epoch(storage) < 1:
-                assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
-                time.sleep(0.2)
-            workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
-            ours = descendants(run.pid)  # its Ray's workers, not those of a test running meanwhile
-            victim = [pid for pid in map(int, workers.stdout.split()) if pid in ours][-1]
-            os.kill(victim, signal.SIGKILL)
-            run.wait(timeout=max(deadline - time.time(), 1))
-        finally:
-            run.kill()
-    stdout, stderr = ((logs / stream).read_text() for stream in ("stdout", "stderr"))
-    return subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr), victim
-
-
-def descendants(pid: int) -> set[int]:
-    """The processes started by this one, and by those, and so on: those of the Ray that a run started, not those of
-    another Ray on this machine (the test cluster's, a Ray job that someone runs beside the suite)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):  # ended while being read
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        found.update(new := children.get(todo.pop(), []))
-        todo += new
-    return found
-
-
 def ray_script(script, address, storage, *args, **kwargs):
     """A Ray step on the shared test cluster, 2 workers, smoke settings."""
     return python(script, *SMOKE, "--num-workers", "2", "--address", address, "--checkpoint-dir", str(storage),
                   *args, **kwargs)
 
 
-def resumed_after(stdout: str) -> list[int]:
-    """The epoch after which each resume or restart of a run went on, from rank 0's one line for it: "resumed from
-    <checkpoint> after epoch N" (a restarted Ray worker's line has Ray's prefix in front)."""
-    return [int(epoch) for epoch in re.findall(r"resumed from \S+ after epoch (\d+)\n", stdout)]
-
-
-def final_json(result) -> dict:
-    """The whole summary that a step script's last stdout line names (steps 05 and 06: the line itself)."""
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return summary_of(json.loads(result.stdout.strip().splitlines()[-1]))
-
-
-# What a step's history holds for each epoch, and what ray.train.report carries: the epoch's own fields, nothing else.
-EPOCH_FIELDS = {"epoch", "train_loss", "test_accuracy", "epoch_time_s", "world_size", "images_per_s"}
-LAST_LINE_MAX = 250
-
-
-def assert_short_last_line(stdout: str, summary: dict, run_folder: Path):
-    """A step's last line: one short JSON object, the headline of the summary it names, in the run's folder."""
-    line = stdout.strip().splitlines()[-1]
-    headline = json.loads(line)
-    assert len(line) <= LAST_LINE_MAX, f"{len(line)} characters: {line}"
-    assert Path(headline.pop("summary")) == (Path(run_folder) / "summary.json").resolve()
-    assert list(headline) == ["step", "world_size", "model", "train_loss", "test_accuracy", "images_per_s",
-                              "wall_time_s"]
-    for key, value in headline.items():
-        assert value == pytest.approx(summary[key], abs=0.06) if isinstance(value, float) else value == summary[key]
-
-
-def reported_metrics(run_folder: Path) -> list[dict]:
-    """What ray.train.report carried with each checkpoint Ray kept, from its controller's snapshot."""
-    snapshot = json.loads((Path(run_folder) / "checkpoint_manager_snapshot.json").read_text())
-    return [result["metrics"] for result in snapshot["checkpoint_results"]]
-
-
-def profile_summary(folder) -> dict:
-    """What benchmarks/trace_analysis.py reads from the --profile-steps traces of a run: step 01's --checkpoint-dir,
-    or a Ray run's folder in its storage (the traces are the run's; the reading is the benchmarks')."""
-    found = sorted({trace.parents[1] for trace in Path(folder).glob("**/profile/rank*.json.gz")})
-    assert len(found) == 1, found
-    return load_script("benchmarks/trace_analysis.py").summarize(found[0])
-
-
-def collectives_per_step(summary: dict) -> list[dict]:
-    """Each rank's collectives per optimizer step, as {kind: calls}."""
-    return [{kind: c["calls"] for kind, c in rank["mean"]["collectives"].items()} for rank in summary["ranks"]]
-
-
-def ray_checkpoints(storage) -> list[Path]:
-    """The checkpoint folders of the newest Ray run under --checkpoint-dir, oldest first."""
-    run = sorted(p for p in Path(storage).iterdir() if p.is_dir())[-1]
-    return sorted(p for p in run.glob("checkpoint_*") if p.is_dir())
-
-
-def latest_ray_checkpoint(storage) -> Path:
-    return ray_checkpoints(storage)[-1]
-
-
-def best_epoch(history: list) -> dict:
-    """The epoch whose checkpoint Ray calls best (CheckpointConfig scores test accuracy): the most accurate, and of a
-    tie the latest, as Ray orders equal scores by when they were reported (test_runs checks it)."""
-    return max(reversed(history), key=lambda epoch: epoch["test_accuracy"])
-
-
-def checkpoint_weights(checkpoint_dir) -> dict:
-    """Model weights from the checkpoint.pt of a step's checkpoint folder (step 01's --checkpoint-dir or a Ray
-    checkpoint of steps 02 and 03), read here as plainly as it can be: the tests' own reader, against which step
-    06's load_weights (every format) is checked, and which shares no code with it."""
-    return torch.load(Path(checkpoint_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
-
-
-def assert_same_weights(a: dict, b: dict, atol=0.0):
-    """Bitwise equal by default. With atol (runs that sum gradients in another order), equal up to float
-    rounding, except the attention key biases: their true gradient is exactly zero (a bias added to every
-    key shifts all attention logits of a query equally, and softmax ignores that), so what they receive
-    is rounding noise, which Adam's normalisation turns into full-size steps of any sign."""
-    assert a.keys() == b.keys()
-    for name in a:
-        x, y = a[name], b[name]
-        if atol and name.endswith("in_proj_bias"):
-            x, y = drop_key_slice(x), drop_key_slice(y)
-        torch.testing.assert_close(x, y, atol=atol, rtol=0 if atol == 0 else 1e-4, msg=name)
-
-
-def drop_key_slice(in_proj_bias: torch.Tensor) -> torch.Tensor:
-    query, _, value = in_proj_bias.chunk(3)
-    return torch.cat([query, value])
-
-
-def assert_sane_summary(summary: dict, step: str, world_size: int):
-    assert summary["step"] == step and summary["world_size"] == world_size
-    assert summary["model"] == "tiny" and summary["data"] == "synthetic" and summary["epochs"] == 2
-    assert summary["params"] > 100_000
-    assert 0.0 <= summary["test_accuracy"] <= 1.0
-    # The synthetic classes are easy: 6 steps of training must beat chance (10%) clearly.
-    assert summary["test_accuracy"] > 0.2
-    assert len(summary["history"]) == 2 and summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
-    assert all(epoch.keys() == EPOCH_FIELDS for epoch in summary["history"])
-    assert summary["images_per_s"] > 0 and 0 < summary["time_to_first_step_s"] < summary["wall_time_s"]
-    assert len(summary["peak_memory_mb"]) == world_size and all(m > 0 for m in summary["peak_memory_mb"])
-
-
-def assert_half_the_state_per_rank(summary: dict):
-    """A sharded run on 2 ranks (FSDP1, FSDP2): each rank's parameters, gradients and AdamW state (2 tensors per
-    parameter) add up to the whole model's, and no rank holds much more than half."""
-    full_mb = summary["params"] * 4 / 2**20
-    memory = summary["memory_per_rank"]
-    for kind, factor in (("params_mb", 1), ("grads_mb", 1), ("optimizer_mb", 2)):
-        assert sum(m[kind] for m in memory) == pytest.approx(factor * full_mb, rel=1e-3), kind
-        assert max(m[kind] for m in memory) < 0.52 * factor * full_mb, kind

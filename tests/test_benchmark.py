@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_script, python
+from checks import load_script
+from conftest import ROOT
+from processes import python
 
 
 @pytest.mark.timeout(420)

@@ -14,7 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
-from conftest import ROOT, free_port, load_script
+from checks import load_script
+from conftest import ROOT
+from labs.harness import free_port
 
 WORLD_SIZE = 2
 TIMEOUT_S = 60  # the collectives' deadline, and each process's

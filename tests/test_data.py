@@ -13,7 +13,8 @@ from common.model import build_model
 from common.training import evaluate, peak_memory_mb, predict
 from common.data import CROP_PADDING
 from common import data as data_module
-from conftest import load_script, parse_only
+from checks import load_script
+from conftest import parse_only
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from conftest import load_script, python
+from checks import load_script
+from processes import python
 
 device_run = load_script("benchmarks/device_run.py")
 # What issue #43 asks for: every step on the GPU, then torchrun and Ray DDP on the CPUs (the ends first).

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from common.meter import HEADLINE
-from conftest import ROOT, load_script, parse_only
+from checks import load_script
+from conftest import ROOT, parse_only
 
 DOCUMENTS = sorted({p for pattern in ("README.md", "0*/README.md", "TROUBLESHOOTING.md", "tests/README.md",
                                       "benchmarks/README.md", "slides/README.md", "slides/workshop.md")

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from common.meter import summary_of
-from conftest import (RAY_FSDP2, ROOT, ROUNDING, SMOKE, assert_same_weights, checkpoint_weights, final_json,
-                      latest_ray_checkpoint, registered_epoch)
+from early import takes
+from checks import assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, registered_epoch
+from conftest import RAY_FSDP2, ROOT, ROUNDING, SMOKE
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides a few seconds
 # after the node returns (RESIZE_CHECK_INTERVAL_S and TICK_S below); then 2 again to the end. Short epochs (3 steps,
@@ -106,6 +107,9 @@ class Output:
         self.thread = threading.Thread(target=self.read, args=(process,), daemon=True)
         self.thread.start()
 
+    def __getstate__(self):  # what the test reads, once the run has ended: not the thread
+        return dict(lines=self.lines, start=self.start)
+
     def read(self, process):
         for line in process.stdout:
             self.lines.append((time.time() - self.start, TERMINAL_CODES.sub("", line.rstrip("\n"))))
@@ -127,6 +131,7 @@ def wait_for(condition, what: str, process, output, timeout=240):
         time.sleep(0.2)
 
 
+@takes(150)
 def elastic_run(folder: Path, lane) -> dict:
     """The elastic run, started with the session (an early run: early.py; most of it is waiting for polls): epochs
     on 2 workers, a node removed once epoch 1's checkpoint is registered, epochs on 1, the node added back, then 2

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
 from common.model import build_model
 from labs.check import LABS
 
-from conftest import RAY_DDP, RAY_FSDP2, ROOT, load_script
+from checks import load_script
+from conftest import RAY_DDP, RAY_FSDP2, ROOT
 
 pytestmark = pytest.mark.labs
 
@@ -418,19 +417,11 @@ def constructor(module: ast.Module) -> list[str]:
     return [ast.unparse(statement) for statement in init.body]
 
 
-@pytest.fixture
-def mesh_of_one():
-    """A one-process gloo group, in which fully_shard runs as on many."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
-
-
-def test_lab04_solution_shards_as_the_step_script_does(mesh_of_one):
+def test_lab04_solution_shards_as_the_step_script_does(gloo_group_of_one):
     """The same units, each freeing or keeping its gathered weights after forward, as step 04's shard_model."""
     solution, script = load_script("labs/solutions/04_fully_shard.py"), load_script(RAY_FSDP2)
     flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True)
-    units = fsdp_units(lambda model: solution.shard_model(model, mesh_of_one))
+    units = fsdp_units(lambda model: solution.shard_model(model, gloo_group_of_one))
     assert units == fsdp_units(lambda model: script.shard_model(model, flags, torch.device("cpu")))
     assert len(units) == 7 and [reshards for _, reshards in units] == [False] + [True] * 6
 

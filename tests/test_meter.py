@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from common.meter import RunMeter, print_run_summary
-from conftest import EPOCH_FIELDS, LAST_LINE_MAX, ROOT, assert_short_last_line
+from checks import EPOCH_FIELDS, LAST_LINE_MAX, assert_short_last_line
+from conftest import ROOT
 
 TRAINING_SCRIPTS = sorted(ROOT.glob("0[1-4]-*/train_*.py"))
 

@@ -3,7 +3,9 @@ import torch
 from torchvision.models.vision_transformer import VisionTransformer
 
 from common.model import build_model, count_params
-from conftest import SMOKE, final_json, checkpoint_weights, python
+from checks import checkpoint_weights, final_json
+from conftest import SMOKE
+from processes import python
 
 
 def stem_strides(model) -> list[int]:

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from common.flags import Parser
 from common.profiling import StepProfiler, add_profile_flag, check_profile_flag
-from conftest import ROOT, load_script, profile_summary
+from checks import load_script, profile_summary
+from conftest import ROOT
 
 analysis = load_script("benchmarks/trace_analysis.py")
 analyze_trace, collective_kind, intersection = analysis.analyze_trace, analysis.collective_kind, analysis.intersection
@@ -154,13 +154,6 @@ def test_each_attempt_profiles_anew_clearing_an_earlier_attempts_traces(tmp_path
     assert not stale.exists()
 
 
-@pytest.fixture
-def one_process_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def small_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -218,7 +211,7 @@ def all_reduces_per_step(folder, no_sync: bool) -> list:
 
 
 @pytest.mark.upstream
-def test_ddp_all_reduces_after_every_backward_unless_no_sync(one_process_group, tmp_path):
+def test_ddp_all_reduces_after_every_backward_unless_no_sync(gloo_group_of_one, tmp_path):
     """PyTorch's behaviour that README.md's "skips the first all-reduce with no_sync()" rests on, and that makes
     test_step01's count of all-reduces per step fail if the scripts lost no_sync(): without it, every micro-batch's
     backward all-reduces."""

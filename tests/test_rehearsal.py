@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_script
+from checks import load_script
+from conftest import ROOT
 
 rehearse = load_script("slides/rehearse.py")
 SLIDES = rehearse.parse_deck(rehearse.DECK.read_text())

@@ -13,7 +13,8 @@ import ray.train
 
 from common import ray_setup
 from common.ray_setup import run_name
-from conftest import RAY_DDP, RAY_FSDP2, ROOT, SMOKE, best_epoch, forbid_ray, load_script
+from checks import best_epoch, load_script
+from conftest import RAY_DDP, RAY_FSDP2, ROOT, SMOKE, forbid_ray
 
 RAY_STEPS = [RAY_DDP, "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", "03-ray-train-fsdp/train_ray_fsdp.py",
              RAY_FSDP2]

@@ -66,7 +66,8 @@ import pytest
 
 from PIL import Image
 
-from conftest import ROOT, load_script
+from checks import load_script
+from conftest import ROOT
 
 DECK = ROOT / "slides/workshop.md"
 SLIDES_DIR = ROOT / "slides"

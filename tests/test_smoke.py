@@ -9,9 +9,10 @@ one worker and step 06's one actor (on single_run's checkpoint) side by side (in
 script's main() in the test process (an interpreter that imports torch and Ray costs more than such a run trains).
 The tier has two more tests, each a script's main() in the test process: step 02 in local mode (test_step02.py), and
 step 02 with Ray Data on both nodes' CPUs (test_step02_ray_data.py, with the checks of its shards)."""
+import importlib
+import json
 import os
 import subprocess
-import json
 import sys
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import pandas as pd
 import pytest
 
 from common.model import build_model
-from conftest import (EVAL_IMAGES, LAST_LINE_MAX, RAY_FSDP2, ROOT, SMOKE, TUNE, assert_sane_summary,
-                      checkpoint_weights, final_json, finished_sweep, forbid_ray, free_port, python, start)
+from checks import LAST_LINE_MAX, assert_sane_summary, checkpoint_weights, final_json
+from conftest import EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, finished_sweep, forbid_ray
+from processes import python, start
+from labs.harness import free_port
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
@@ -154,3 +157,34 @@ def test_tracked_variant_logs_every_epoch_in_local_mode(main_summary, monkeypatc
     (run,) = client.search_runs([client.get_experiment_by_name("ray_ddp_mlflow").experiment_id])
     logged = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
     assert logged == [(h["epoch"], h["test_accuracy"]) for h in summary["history"]]
+
+
+# The test of the tier that runs each script (module, test). A new script fails the test below until it has one.
+TIER = {
+    "01-vanilla-pytorch-ddp/train_single_machine.py":
+        ("test_smoke", "test_single_machine_trains_and_writes_a_checkpoint_that_loads"),
+    "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh":
+        ("test_smoke", "test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints"),
+    "01-vanilla-pytorch-ddp/train_ddp.py":
+        ("test_smoke", "test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints"),
+    "02-ray-train-ddp/train_ray_ddp.py": ("test_step02", "test_local_mode_trains_in_this_process_without_ray"),
+    "02-ray-train-ddp/train_ray_ddp_with_mlflow.py":
+        ("test_smoke", "test_tracked_variant_logs_every_epoch_in_local_mode"),
+    "02-ray-train-ddp/train_ray_ddp_with_ray_data.py":
+        ("test_step02_ray_data",
+         "test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch"),
+    "03-ray-train-fsdp/train_ray_fsdp.py": ("test_smoke", "test_ray_steps_train_in_local_mode"),
+    "04-ray-train-fsdp2/train_ray_fsdp2.py": ("test_smoke", "test_ray_steps_train_in_local_mode"),
+    "05-ray-tune/tune_ray_ddp.py": ("test_smoke", "test_tune_sweep_runs_its_trials_and_reports_them"),
+    "06-ray-data-inference/batch_inference.py":
+        ("test_smoke", "test_batch_inference_reproduces_the_single_machine_runs_accuracy"),
+}
+
+
+def test_every_script_is_run_by_a_test_of_the_tier():
+    scripts = {str(p.relative_to(ROOT)) for pattern in ("0*/*.py", "0*/*.sh") for p in ROOT.glob(pattern)}
+    assert set(TIER) == scripts, f"give each script a test of the smoke tier: {sorted(scripts ^ set(TIER))}"
+    for script, (module_name, name) in TIER.items():
+        module = importlib.import_module(module_name)
+        marks = [getattr(module, "pytestmark", None), *getattr(getattr(module, name, None), "pytestmark", [])]
+        assert any(mark and mark.name == "smoke" for mark in marks), f"{script}: {module_name}.{name} is not smoke"

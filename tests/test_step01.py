@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from common.model import build_model, count_params
-from conftest import (ACCUMULATE, ROUNDING, SINGLE, SMOKE, assert_same_weights, assert_sane_summary,
-                      collectives_per_step, final_json, checkpoint_weights, profile_summary, resumed_after,
-                      ROOT, run, torchrun)
+from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step, final_json,
+                    profile_summary, resumed_after)
+from conftest import ACCUMULATE, ROUNDING, SINGLE, SMOKE, ROOT
+from processes import run, torchrun
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 

@@ -6,9 +6,11 @@ import ray.train
 import torch
 
 from common.model import build_model
-from conftest import (ACCUMULATE, EPOCH_FIELDS, RAY_DDP, SMOKE, assert_same_weights, assert_sane_summary,
-                      assert_short_last_line, checkpoint_weights, collectives_per_step, final_json, forbid_ray,
-                      latest_ray_checkpoint, profile_summary, reported_metrics, resumed_after, torchrun)
+from checks import (EPOCH_FIELDS, assert_same_weights, assert_sane_summary, assert_short_last_line, checkpoint_weights,
+                    collectives_per_step, final_json, latest_ray_checkpoint, profile_summary, reported_metrics,
+                    resumed_after)
+from conftest import ACCUMULATE, RAY_DDP, SMOKE, forbid_ray
+from processes import torchrun
 
 
 def test_ray_ddp_trains_on_two_nodes_and_reports(ray_run):

@@ -7,8 +7,8 @@ import ray.train
 
 from common.data import augment_batch, load_data
 from common.model import build_model
-from conftest import (SMOKE, assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint,
-                      load_script, parse_only)
+from checks import assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint, load_script
+from conftest import SMOKE, parse_only
 
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
 

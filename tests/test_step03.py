@@ -6,9 +6,10 @@ import torch
 from common.data import load_data
 from common.model import build_model
 from common.training import evaluate
-from conftest import (ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, assert_half_the_state_per_rank, assert_same_weights,
-                      assert_sane_summary, assert_short_last_line, checkpoint_weights, collectives_per_step, final_json,
-                      latest_ray_checkpoint, load_script, profile_summary, ray_script, resumed_after)
+from checks import (assert_half_the_state_per_rank, assert_same_weights, assert_sane_summary, assert_short_last_line,
+                    checkpoint_weights, collectives_per_step, final_json, latest_ray_checkpoint, load_script,
+                    profile_summary, resumed_after)
+from conftest import ACCUMULATE, EVAL_IMAGES, PROFILE, SMOKE, ray_script
 
 RAY_FSDP = "03-ray-train-fsdp/train_ray_fsdp.py"
 

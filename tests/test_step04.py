@@ -4,15 +4,14 @@ import argparse
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from common.data import load_data, normalize
 from common.model import TRANSFORMER_BLOCK, build_model
 from common.training import evaluate, make_optimizer
-from conftest import (EVAL_IMAGES, ROUNDING, RAY_FSDP2, assert_half_the_state_per_rank, assert_same_weights,
-                      assert_sane_summary, checkpoint_weights, collectives_per_step, latest_ray_checkpoint, load_script,
-                      profile_summary, ray_checkpoints)
+from checks import (assert_half_the_state_per_rank, assert_same_weights, assert_sane_summary, checkpoint_weights,
+                    collectives_per_step, latest_ray_checkpoint, load_script, profile_summary, ray_checkpoints)
+from conftest import EVAL_IMAGES, ROUNDING, RAY_FSDP2
 
 
 def exported_model(storage) -> torch.nn.Module:
@@ -66,12 +65,9 @@ def test_sharded_checkpoint_resumes_on_another_number_of_workers(fsdp2_run):
 
 
 @pytest.fixture
-def fsdp2_module():
+def fsdp2_module(gloo_group_of_one):
     """The step-04 script as a module, in a one-process gloo group, to look inside its shard_model."""
-    module = load_script(RAY_FSDP2)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield module
-    dist.destroy_process_group()
+    return load_script(RAY_FSDP2)
 
 
 def sharded_tiny_model(module, mixed_precision, cpu_offload):

@@ -21,7 +21,9 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from common.flags import make_parser
 from common.sweep import FreeStoppedTrialsWorkers, noise_command, train_command
-from conftest import LAST_LINE_MAX, ROOT, SMOKE, TUNE, final_json, finished_sweep, load_script, parse_only
+from early import takes
+from checks import LAST_LINE_MAX, final_json, load_script
+from conftest import ROOT, SMOKE, TUNE, finished_sweep, parse_only
 
 
 def tune_results(sweep_dir) -> dict:
@@ -100,6 +102,7 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(ea
     assert json.loads(last)["summary"] == str((tmp_path / "out" / "results.json").resolve())
 
 
+@takes(240)
 def interrupted_sweep(folder: Path, lane) -> dict:
     """A sweep of one trial on 1 worker, whose worker crashes after epoch 1, interrupted after its second epoch
     (SIGUSR1, which Tune handles as it does Ctrl-C; a run in the background may ignore SIGINT), then resumed. On a Ray
@@ -108,14 +111,16 @@ def interrupted_sweep(folder: Path, lane) -> dict:
     command = [sys.executable, str(ROOT / TUNE), *SMOKE, "--epochs", "4", "--steps-per-epoch", "20",
                "--num-workers", "1", "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "1",
                "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")]
-    process, before = lane.start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE), []
-    for line in process.stdout:
-        before.append(line)
-        if "epoch 2/4, validation accuracy" in line:
-            process.send_signal(signal.SIGUSR1)
-            break
-    stdout, stderr = process.communicate(timeout=300)
-    interrupted = subprocess.CompletedProcess(command, process.returncode, "".join(before) + stdout, stderr)
+    with (folder / "interrupted.err").open("w") as stderr:  # a file: a full pipe, unread, would stop the run
+        process, before = lane.start(command, stdout=subprocess.PIPE, stderr=stderr), []
+        for line in process.stdout:
+            before.append(line)
+            if "epoch 2/4, validation accuracy" in line:
+                process.send_signal(signal.SIGUSR1)
+                break
+        stdout, _ = process.communicate(timeout=300)
+    interrupted = subprocess.CompletedProcess(command, process.returncode, "".join(before) + stdout,
+                                              (folder / "interrupted.err").read_text())
     return dict(interrupted=interrupted, resumed=lane.run([*command, "--resume"], timeout=300))
 
 

@@ -13,8 +13,10 @@ from common.data import load_data
 from common.model import build_model
 from common.training import evaluate, predict
 from common.inference import load_sharded, save_sample_grid
-from conftest import (EVAL_IMAGES, assert_same_weights, best_epoch, checkpoint_weights, final_json, forbid_ray,
-                      latest_ray_checkpoint, load_script, python, ray_checkpoints)
+from checks import (assert_same_weights, best_epoch, checkpoint_weights, final_json, latest_ray_checkpoint, load_script,
+                    ray_checkpoints)
+from conftest import EVAL_IMAGES, forbid_ray
+from processes import python
 
 INFER = "06-ray-data-inference/batch_inference.py"
 

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import ROOT
@@ -78,15 +79,19 @@ def test_under_ci_a_skip_is_a_failure(tmp_path):
 EARLY = """
 import subprocess, sys, time
 import pytest
+from early import takes
 
+@takes(30)
 def first(folder, lane):
     (folder / "started").touch()
     time.sleep(1)
     return folder, time.time()
 
+@takes(30)
 def second(folder, lane):
     return time.time()
 
+@takes(30)
 def fails(folder, lane):
     raise AssertionError("the run's own words")
 
@@ -96,11 +101,11 @@ def test_first(early_run):
 
 @pytest.mark.early(run=first)
 def test_first_again(early_run, tmp_path_factory):
-    assert len(list(tmp_path_factory.getbasetemp().glob("early*/started"))) == 1  # one run for both tests
+    assert len(list(tmp_path_factory.getbasetemp().glob("early/*/started"))) == 1  # one run for both tests
 
 @pytest.mark.early(run=second)
 def test_second(early_run, tmp_path_factory):
-    [first_ended] = tmp_path_factory.getbasetemp().glob("early*/ended")
+    [first_ended] = tmp_path_factory.getbasetemp().glob("early/*/ended")
     assert early_run >= float(first_ended.read_text())  # one run after another
 
 @pytest.mark.early(run=fails)
@@ -109,20 +114,54 @@ def test_fails(early_run):
 
 def test_plain(tmp_path_factory):
     deadline = time.time() + 10
-    while not list(tmp_path_factory.getbasetemp().glob("early*/started")):  # first's run, meanwhile
+    while not list(tmp_path_factory.getbasetemp().glob("early/*/started")):  # first's run, meanwhile
         assert time.time() < deadline
         time.sleep(0.05)
+    assert not any(thread.name != "MainThread" for thread in __import__("threading").enumerate())
+"""
+
+# A run that hangs, having started a process that would outlive it, and a run queued after it.
+HUNG = """
+import sys, time
+import pytest
+from early import takes
+
+@takes(1)
+def hangs(folder, lane):
+    print("the run's last words before it hangs", flush=True)
+    child = lane.start([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    (folder / "pid").write_text(str(child.pid))
+    time.sleep(60)
+
+@takes(10)
+def after(folder, lane):
+    return "ran after"
+
+@pytest.mark.early(run=hangs)
+def test_hangs(early_run):
+    pass
+
+@pytest.mark.early(run=after)
+def test_after(early_run):
+    assert early_run == "ran after"
+
+def test_plain():
+    pass
 """
 
 UNFINISHED = """
 import subprocess, sys, time
 import pytest
+from early import takes
 
+@takes(60)
 def waits(folder, lane):
     process = lane.start([sys.executable, "-c", "import time; time.sleep(60)"])
-    (folder / "pid").write_text(str(process.pid))
+    elsewhere = lane.start([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    (folder / "pid").write_text(f"{process.pid} {elsewhere.pid}")
     process.wait()
 
+@takes(60)
 def never(folder, lane):
     (folder / "started").touch()
 
@@ -135,10 +174,23 @@ def test_never(early_run):
     pass
 
 def test_fails_first(tmp_path_factory):
-    while not list(tmp_path_factory.getbasetemp().glob("early*/pid")):
+    while not list(tmp_path_factory.getbasetemp().glob("early/*/pid")):
         time.sleep(0.05)
     assert False
 """
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, killed but not yet reaped by its new parent, does not), for up to 5 s."""
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        except OSError:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_early_runs_start_with_the_session_one_after_another_shared_and_their_tests_come_last(tmp_path):
@@ -150,9 +202,22 @@ def test_early_runs_start_with_the_session_one_after_another_shared_and_their_te
     assert "ERROR test_it.py::test_fails - AssertionError: the run's own words" in out  # its run's error
 
 
+def test_a_hung_early_run_fails_its_tests_at_its_deadline_with_its_last_lines_and_the_rest_go_on(tmp_path):
+    started = time.time()
+    result = pytest_on(tmp_path, HUNG, "-v", "--basetemp", str(tmp_path / "base"), plugin="early")
+    out = result.stdout
+    assert re.findall(r"^test_it.py::(test_\w+) (PASSED|ERROR)", out, re.MULTILINE) == [
+        ("test_plain", "PASSED"), ("test_hangs", "ERROR"), ("test_after", "PASSED")], out
+    assert "the early run hangs took more than 2 s, twice what it takes in the full suite (@takes(1))" in out
+    assert "the run's last words before it hangs" in out  # its own output, in its tests' failure
+    assert time.time() - started < 30, out  # its deadline, not its 60 s of sleep
+    [pid] = (int(path.read_text()) for path in (tmp_path / "base").glob("early/*/pid"))
+    assert not alive(pid)  # killed with the run, though it had a session of its own
+
+
 def test_at_an_early_end_of_the_session_its_runs_processes_are_killed_and_the_rest_never_start(tmp_path):
     result = pytest_on(tmp_path, UNFINISHED, "-x", "--basetemp", str(tmp_path / "base"), plugin="early")
     assert "FAILED test_it.py::test_fails_first" in result.stdout and "1 failed" in result.stdout, result.stdout
-    [pid] = (int(path.read_text()) for path in (tmp_path / "base").glob("early*/pid"))
-    assert not Path(f"/proc/{pid}").exists()  # killed, not left to sleep its 60 s
-    assert not list((tmp_path / "base").glob("early*/started"))
+    [pids] = (path.read_text().split() for path in (tmp_path / "base").glob("early/*/pid"))
+    assert not any(alive(int(pid)) for pid in pids)  # killed, not left to sleep their 60 s
+    assert not list((tmp_path / "base").glob("early/*/started"))

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import ROOT, load_script
+from checks import load_script
+from conftest import ROOT
 
 tables = load_script("benchmarks/tables.py")
 DOCUMENTS = tables.documents()

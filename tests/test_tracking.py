@@ -1,17 +1,24 @@
 """Step 02's tracked variant (02-ray-train-ddp/train_ray_ddp_with_mlflow.py): one MLflow run per Ray run, across a
 worker-group restart and --resume, every epoch logged once with the values of the run's history, the flags as
 parameters, the final model as an artifact; and MLflow's UI showing the run (tests/tracking_ui.py)."""
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from common.model import build_model
-from conftest import (ROOT, SMOKE, assert_same_weights, checkpoint_weights, final_json,
-                      kill_a_worker_in_epoch_2, latest_ray_checkpoint, load_script, parse_only, resumed_after)
+from early import takes
+from checks import (assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, load_script,
+                    registered_epoch, resumed_after)
+from conftest import ROOT, SMOKE, parse_only
+from processes import descendants
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"  # mlflow is imported where used: collection stays fast
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP
@@ -27,6 +34,7 @@ def store(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
+@takes(300)
 def tracked_runs(folder: Path, lane) -> dict:
     """One tracked run on a Ray of its own, a worker of which is killed (kill -9) early in epoch 2: Ray restarts the
     group from epoch 1's checkpoint. What the store held of it right after, with its last checkpoint's weights; then
@@ -193,3 +201,27 @@ def test_mlflow_ui_shows_the_run(early_run):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert (out / "screenshot.png").read_bytes().startswith(b"\x89PNG")
     assert "all of them shown" in (out / "results.md").read_text()
+
+
+def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float,
+                             lane) -> tuple[subprocess.CompletedProcess, int]:
+    """A Ray step on 2 workers (cmd, whose run folder goes in storage) on a Ray it starts (--address local), one of
+    whose workers is killed with kill -9 in epoch 2, the way a real crash comes: as soon as Ray has registered epoch
+    1's checkpoint, which a restart resumes from (give the run enough --steps-per-epoch for that to be mid-epoch).
+    Started by an early run's lane (early.py). Returns the run once it has ended, and the killed process id."""
+    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
+        run = lane.start(cmd, stdout=out, stderr=err)
+        try:
+            deadline = time.time() + timeout
+            while registered_epoch(storage) < 1:
+                assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
+                time.sleep(0.2)
+            workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
+            ours = descendants(run.pid)  # its Ray's workers, not those of a test running meanwhile
+            victim = [pid for pid in map(int, workers.stdout.split()) if pid in ours][-1]
+            os.kill(victim, signal.SIGKILL)
+            run.wait(timeout=max(deadline - time.time(), 1))
+        finally:
+            run.kill()
+    stdout, stderr = ((logs / stream).read_text() for stream in ("stdout", "stderr"))
+    return subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr), victim

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from conftest import profile_summary
+from checks import profile_summary
 
 pytestmark = pytest.mark.upstream
 
