@@ -37,7 +37,7 @@ def registered_epoch(storage: Path) -> int:
 def resumed_after(stdout: str) -> list[int]:
     """The epoch after which each resume or restart of a run went on, from rank 0's one line for it: "resumed from
     <checkpoint> after epoch N" (a restarted Ray worker's line has Ray's prefix in front)."""
-    return [int(epoch) for epoch in re.findall(r"resumed from \S+ after epoch (\d+)\n", stdout)]
+    return [int(epoch) for epoch in re.findall(r"resumed from \S+ after epoch (\d+)$", stdout, re.MULTILINE)]
 
 
 def final_json(result) -> dict:

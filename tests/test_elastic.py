@@ -15,7 +15,8 @@ import torch
 
 from common.meter import summary_of
 from early import takes
-from checks import assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, registered_epoch
+from checks import (assert_same_weights, checkpoint_weights, final_json, latest_ray_checkpoint, registered_epoch,
+                    resumed_after)
 from conftest import RAY_FSDP2, ROOT, ROUNDING, SMOKE
 
 # Epoch 1 on 2 workers; 1 worker from the loss of a node until the group grows back, which it decides a few seconds
@@ -187,7 +188,7 @@ def test_losing_a_node_does_not_stop_the_run_and_it_grows_back_when_the_node_ret
     assert {epoch: n for _, epoch, n in output.epochs()} == dict(history)
     assert summary["world_size"] == 2 and summary["nodes"] == 2
     # Each resize restarted the group from the last checkpoint: of the last epoch trained at the size before.
-    resumed = [int(m[1]) for _, line in output.lines if (m := re.search(r"resumed from \S+ after epoch (\d+)", line))]
+    resumed = resumed_after("\n".join(line for _, line in output.lines))
     assert resumed == [epoch for (epoch, size), (_, after) in zip(history, history[1:], strict=False) if size != after]
     # Each epoch's global batches are the same at any size (the sampler's seed and epoch fix the order), and each
     # resize resumed the model, AdamW and the schedule: the run ends with the weights of a run that never resized, up
