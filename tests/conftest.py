@@ -175,10 +175,9 @@ def gloo_group_of_one():
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One Ray cluster for every Ray test (starting Ray costs tens of seconds on 2 cores): two nodes of
-    one CPU each, so every 2-worker run really spans two nodes. Yields the address scripts attach to."""
+def two_node_cluster():
+    """A Ray cluster on this machine, two nodes of one CPU each, so that every 2-worker run really spans two nodes:
+    ray.cluster_utils.Cluster, started in this process (Cluster.add_node works in a main thread only)."""
     from ray.cluster_utils import Cluster
 
     # Ray starts its workers at nice 15; at 0 they come before the smoke tier's background runs (nice 19), whose
@@ -187,6 +186,14 @@ def ray_cluster():
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One Ray cluster for every Ray test of this process (starting Ray costs tens of seconds on 2 cores): two
+    nodes (two_node_cluster). Yields the address scripts attach to."""
+    cluster = two_node_cluster()
     yield cluster.address
     cluster.shutdown()
 
@@ -260,15 +267,20 @@ SWEEP_SEED = "0"
 @takes(300)
 def finished_sweep(folder: Path, lane) -> tuple[dict, Path, subprocess.CompletedProcess]:
     """Step 05's sweep that test_step05 checks, and in the full suite the smoke tier's sweep too (test_smoke): 3
-    trials of 2 workers (both CPUs), one at a time, 3 tiny epochs each. ASHA compares trials at epoch 2 and stops
+    trials of 2 workers, one at a time, 3 tiny epochs each, on a cluster of its own (two_node_cluster, in the run's
+    process): each trial's workers span both nodes. A worker of every trial crashes after epoch 1, and Ray Train
+    restarts the trial's group from that checkpoint (--max-failures 1). ASHA compares trials at epoch 2 and stops
     trial 1, behind trial 0 then: trial 2 can start only once the stopped trial's workers have given their CPUs back
-    (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and times out here). No worker crashes here:
-    a restart within a trial is proved once, by test_step05's interrupted sweep. On a Ray that it starts on this
-    machine (--address local), with the session (an early run: early.py). Its report, its folder and the run."""
-    result = lane.run([sys.executable, str(ROOT / TUNE), *SMOKE, "--num-workers", "2", "--epochs", "3",
-                       "--num-samples", "3", "--grace-period", "2", "--seed", SWEEP_SEED, "--profile-steps", "1",
-                       "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")],
-                      timeout=900)  # 515 s for this sweep (cluster included) with the 2 cores 9x oversubscribed
+    (FreeStoppedTrialsWorkers), else the sweep waits for them forever (and is killed at its deadline). Its report,
+    its folder and the run."""
+    cluster = two_node_cluster()
+    try:
+        result = lane.run([sys.executable, str(ROOT / TUNE), *SMOKE, "--num-workers", "2", "--epochs", "3",
+                           "--num-samples", "3", "--grace-period", "2", "--seed", SWEEP_SEED, "--profile-steps", "1",
+                           "--fail-at-epoch", "1", "--max-failures", "1", "--address", cluster.address,
+                           "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")], timeout=900)
+    finally:
+        cluster.shutdown()
     return final_json(result), folder, result
 
 

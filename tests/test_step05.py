@@ -1,7 +1,9 @@
-"""Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop. The script's two whole sweeps (3 trials;
-1 trial crashed, interrupted and resumed) are early runs (early.py), each on a Ray it starts; what runs in this
-process uses the shared two-node Ray test cluster (1 CPU per node)."""
+"""Step 05: a Ray Tune sweep whose trials are Ray Train runs of step 02's loop. The script's two whole sweeps are early
+runs (early.py), each on a Ray of its own: 3 trials on two nodes, each restarted after a crash while ASHA stops one;
+1 trial errored, resumed, interrupted and resumed. What runs in this process uses the shared two-node Ray test
+cluster (1 CPU per node)."""
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -83,6 +85,17 @@ def test_asha_stopped_a_trial_behind_at_epoch_2_and_the_next_trial_got_its_cpus(
 
 
 @pytest.mark.early(run=finished_sweep)
+def test_each_trials_group_spans_both_nodes_and_restarts_after_its_crash_while_asha_stops_another(early_run):
+    """--fail-at-epoch 1: a worker of each trial crashes after epoch 1, and Ray Train restarts the trial's group from
+    epoch 1's checkpoint (FailureConfig, within the trial), in the sweep in which ASHA stops trial 1 (above). Each
+    trial's group starts twice, each time on both nodes."""
+    report, _, result = early_run
+    assert resumed_after(result.stdout) == [1, 1, 1], result.stdout[-3000:]
+    assert re.findall(r"\| 2 x cpu on (\d+) node\(s\)", result.stdout) == ["2"] * 6
+    assert [[h["epoch"] for h in t["history"]] for t in report["trials"]] == [[1, 2, 3], [1, 2], [1, 2, 3]]
+
+
+@pytest.mark.early(run=finished_sweep)
 def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(early_run):
     report, tmp_path, result = early_run
     table = (tmp_path / "out" / "results.md").read_text()
@@ -102,16 +115,18 @@ def test_the_sweep_writes_its_table_plot_and_a_command_that_trains_the_winner(ea
 
 
 @takes(240)
-def interrupted_sweep(folder: Path, lane) -> dict:
-    """A sweep of one trial on 1 worker, whose worker crashes after epoch 1, interrupted after its second epoch
-    (SIGUSR1, which Tune handles as it does Ctrl-C; a run in the background may ignore SIGINT), then resumed. On a Ray
-    that each run starts on this machine, as on a laptop (--address local): started with the session (an early run:
-    early.py), it leaves the test cluster to the other tests."""
+def errored_sweep(folder: Path, lane) -> dict:
+    """A sweep of one trial on 1 worker, three times, each on a Ray it starts on this machine, as on a laptop
+    (--address local). Its worker crashes after epoch 1 with no restart left (--max-failures 0): the trial errors and
+    the sweep ends. --resume runs the errored trial again, from epoch 1's checkpoint, and is interrupted after its
+    second epoch (SIGUSR1, which Tune handles as it does Ctrl-C; a run in the background may ignore SIGINT). --resume
+    again finishes it."""
     command = [sys.executable, str(ROOT / TUNE), *SMOKE, "--epochs", "4", "--steps-per-epoch", "20",
-               "--num-workers", "1", "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "1",
+               "--num-workers", "1", "--num-samples", "1", "--fail-at-epoch", "1", "--max-failures", "0",
                "--address", "local", "--checkpoint-dir", str(folder / "runs"), "--out", str(folder / "out")]
+    errored = lane.run(command, timeout=300)
     with (folder / "interrupted.err").open("w") as stderr:  # a file: a full pipe, unread, would stop the run
-        process, before = lane.start(command, stdout=subprocess.PIPE, stderr=stderr), []
+        process, before = lane.start([*command, "--resume"], stdout=subprocess.PIPE, stderr=stderr), []
         for line in process.stdout:
             before.append(line)
             if "epoch 2/4, validation accuracy" in line:
@@ -120,57 +135,26 @@ def interrupted_sweep(folder: Path, lane) -> dict:
         stdout, _ = process.communicate(timeout=300)
     interrupted = subprocess.CompletedProcess(command, process.returncode, "".join(before) + stdout,
                                               (folder / "interrupted.err").read_text())
-    return dict(interrupted=interrupted, resumed=lane.run([*command, "--resume"], timeout=300))
+    return dict(errored=errored, interrupted=interrupted, resumed=lane.run([*command, "--resume"], timeout=300))
 
 
-@pytest.mark.early(run=interrupted_sweep)
-def test_a_crashed_worker_restarts_within_its_trial_and_an_interrupted_sweep_resumes(early_run):
-    """FailureConfig in the trial's Ray Train run: its worker crashes after epoch 1 and the group goes on from epoch
-    1's checkpoint, within the trial. Interrupted after its second epoch, the sweep says so in one line; --resume
-    finishes the trial from a checkpoint the interrupted run wrote, and the table still counts the epochs trained
-    before."""
-    interrupted, resumed = early_run["interrupted"], early_run["resumed"]
-    assert resumed_after(interrupted.stdout) == [1], (
-        interrupted.stdout[-3000:] + interrupted.stderr[-3000:])
+@pytest.mark.early(run=errored_sweep)
+def test_an_errored_trial_resumes_from_its_checkpoint_and_an_interrupted_sweep_resumes(early_run):
+    """A trial out of restarts ends the sweep in one line that says to --resume; --resume runs the errored trial again
+    (resume_errored: Tune would leave it failed) from epoch 1's checkpoint, which Ray Train finds by the trial run's
+    name. Interrupted after its second epoch, the sweep says so in one line; --resume finishes the trial from a
+    checkpoint the interrupted run wrote, and the table counts every epoch once."""
+    errored, interrupted, resumed = early_run["errored"], early_run["interrupted"], early_run["resumed"]
+    assert errored.returncode != 0 and "error: 1 trial(s) failed (see above); run the same command with --resume" \
+        in errored.stderr, errored.stdout[-3000:] + errored.stderr[-3000:]
+    assert resumed_after(errored.stdout) == []
+    assert resumed_after(interrupted.stdout) == [1], interrupted.stdout[-3000:] + interrupted.stderr[-3000:]
     assert interrupted.returncode != 0 and "was interrupted; run the same command with --resume" in interrupted.stderr
     [trial] = final_json(resumed)["trials"]
     # Ray Train resumed the trial's run from its newest checkpoint: epoch 2's, or 3's if the worker got that far
     # while Tune was stopping.
     assert resumed_after(resumed.stdout) in ([2], [3])
     assert trial["error"] is None and [h["epoch"] for h in trial["history"]] == [1, 2, 3, 4]
-
-
-def test_a_trial_out_of_restarts_ends_the_sweep_in_one_line_and_resume_runs_it_again(cluster_driver, main_summary,
-                                                                                     monkeypatch, tmp_path):
-    """The sweep's main(), in this process on the test cluster, its trial a stand-in for step 02's run that reports
-    epoch 1 and then fails as a run out of restarts does: the sweep ends with one line that says to --resume, and
-    --resume runs the failed trial again (resume_errored: Tune would leave it failed), which this time finishes."""
-    def trial(config):
-        import json
-
-        import ray.tune
-
-        failed_once = Path(config["checkpoint_dir"], "failed once")
-        context = ray.tune.get_context()  # the trial's run folder, where step 02's rank 0 keeps the summary
-        run = Path(config["checkpoint_dir"], context.get_experiment_name(), f"train-{context.get_trial_id()}")
-        run.mkdir(parents=True, exist_ok=True)
-        epochs = [dict(epoch=epoch, test_accuracy=0.3) for epoch in range(1, config["epochs"] + 1)]
-        for epoch in epochs if failed_once.exists() else epochs[:1]:
-            (run / "summary.json").write_text(json.dumps(dict(history=epochs[:epoch["epoch"]])))
-            ray.tune.report(epoch)
-        if not failed_once.exists():
-            failed_once.touch()
-            raise RuntimeError("the trial's worker group failed with no restart left")
-
-    tune_script = load_script(TUNE)
-    monkeypatch.setattr(tune_script, "run_trial", trial)
-    flags = [*SMOKE, "--num-workers", "1", "--num-samples", "1", "--address", cluster_driver,
-             "--checkpoint-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
-    with pytest.raises(SystemExit) as failed:
-        main_summary(TUNE, *flags, module=tune_script)
-    assert str(failed.value.code).startswith("error: 1 trial(s) failed (see above); run the same command with --resume")
-    [resumed] = main_summary(TUNE, *flags, "--resume", module=tune_script)[0]["trials"]
-    assert resumed["error"] is None and [h["epoch"] for h in resumed["history"]] == [1, 2]
 
 
 def test_a_stopped_trials_workers_are_freed_once_its_trial_has_ended(ray_driver, tmp_path):
