@@ -1,16 +1,69 @@
 """Step 02 fed by Ray Data: the same training, reading a Ray Dataset on a two-node Ray cluster."""
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import ray
 import ray.train
 
 from common.data import augment_batch, load_data
+from common.flags import TRAIN_SIZES
 from common.model import build_model
 from checks import assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint, load_script
-from conftest import SMOKE, parse_only
+from conftest import SMOKE, parse_only, two_node_cluster
+from early import takes
 
 RAY_DATA = "02-ray-train-ddp/train_ray_ddp_with_ray_data.py"
+
+
+def noting_ids(folder: Path):
+    """augment_batch, noting every sample id it gets in a file per worker (rank<r>.jsonl, a line per batch: the
+    epoch and the ids). Shipped to the workers with train_func, by value."""
+    def augment_and_note(images, ids, epoch, seed):
+        with open(f"{folder}/rank{ray.train.get_context().get_world_rank()}.jsonl", "a") as notes:
+            notes.write(json.dumps([epoch, ids.tolist()]) + "\n")
+        return augment_batch(images, ids, epoch, seed)
+    return augment_and_note
+
+
+def noted_ids(folder: Path) -> dict:
+    """{(rank, epoch): the ids in the order trained}, from noting_ids's files."""
+    seen = {}
+    for rank in (0, 1):
+        for line in (folder / f"rank{rank}.jsonl").read_text().splitlines():
+            epoch, ids = json.loads(line)
+            seen.setdefault((rank, epoch), []).extend(ids)
+    return seen
+
+
+@takes(90)
+def whole_epoch(folder: Path, lane) -> dict:
+    """The variant as its command line runs it, on a cluster of its own (two_node_cluster): its main() in this run's
+    own process, where its ray.init starts the job with its runtime_env and worker setup hook (on the test cluster,
+    from the test process, they would not be applied), for one whole epoch of the synthetic set (no
+    --steps-per-epoch), on 2 workers, every sample id noted (noting_ids)."""
+    cluster = two_node_cluster()
+    script = load_script(RAY_DATA)
+    script.augment_batch = noting_ids(folder)
+    flags = [flag for flag in SMOKE if flag not in ("--steps-per-epoch", "6", "--epochs", "2")]
+    sys.argv = [RAY_DATA, *flags, "--epochs", "1", "--num-workers", "2", "--address", cluster.address,
+                "--checkpoint-dir", str(folder / "runs")]
+    try:
+        script.main()
+    finally:
+        cluster.shutdown()
+    return noted_ids(folder)
+
+
+@pytest.mark.early(run=whole_epoch)
+def test_over_a_whole_epoch_the_workers_shards_are_disjoint_and_cover_the_training_set(early_run):
+    """Ray Train's split of the dataset, read by the variant's own loop for a whole epoch: each worker gets half the
+    images, none twice, none that the other gets, and together every image of the set."""
+    a, b = early_run[0, 0], early_run[1, 0]
+    assert len(a) == len(b) == TRAIN_SIZES["synthetic"] // 2
+    assert len(set(a)) == len(a) and len(set(b)) == len(b) and not set(a) & set(b)
+    assert set(a) | set(b) == set(range(TRAIN_SIZES["synthetic"]))
 
 
 @pytest.mark.smoke
@@ -23,13 +76,7 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
     by that epoch's accuracy, a checkpoint that loads. The two workers never share an image, none sees one twice in
     an epoch, both train on as many, and each sees a new order every epoch."""
     script = load_script(RAY_DATA)
-
-    def augment_and_note(images, ids, epoch, seed):  # shipped to the workers with train_func, by value
-        with open(f"{tmp_path}/rank{ray.train.get_context().get_world_rank()}.jsonl", "a") as notes:
-            notes.write(json.dumps([epoch, ids.tolist()]) + "\n")
-        return augment_batch(images, ids, epoch, seed)
-
-    monkeypatch.setattr(script, "augment_batch", augment_and_note)
+    monkeypatch.setattr(script, "augment_batch", noting_ids(tmp_path))
     summary, stdout = main_summary(RAY_DATA, *SMOKE, "--num-workers", "2", "--address", cluster_driver,
                                    "--checkpoint-dir", str(tmp_path / "runs"), module=script)
     assert_sane_summary(summary, "ray_ddp_data", world_size=2)
@@ -38,11 +85,7 @@ def test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_
     assert f"(epoch {best['epoch']}, test acc {best['test_accuracy']:.2%})" in stdout
     build_model("tiny").load_state_dict(checkpoint_weights(latest_ray_checkpoint(tmp_path / "runs")))
 
-    seen = {}  # (rank, epoch): the ids in the order trained
-    for rank in (0, 1):
-        for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
-            epoch, ids = json.loads(line)
-            seen.setdefault((rank, epoch), []).extend(ids)
+    seen = noted_ids(tmp_path)
     _, args = parse_only(RAY_DATA, *SMOKE)
     per_worker = args.steps_per_epoch * args.batch_size // 2
     for epoch in (0, 1):
