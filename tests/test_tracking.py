@@ -193,6 +193,24 @@ def test_resume_continues_the_same_tracker_run(early_run):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
+def test_the_ui_check_finds_a_run_by_its_ray_run_name_and_says_when_the_store_has_no_such_run(store):
+    """tests/tracking_ui.py's find_run, on a store that holds one run of the variant's experiment: that run by its
+    tag, and a one-line error for a name the store does not hold (not the newest run in its place)."""
+    from mlflow import MlflowClient
+
+    from common.tracking import RAY_RUN_TAG
+
+    ui = load_script("tests/tracking_ui.py")
+    client = MlflowClient(store)
+    experiment_id = client.create_experiment(EXPERIMENT)
+    kept = client.create_run(experiment_id, tags={RAY_RUN_TAG: "ray_ddp-kept"})
+    client.log_metric(kept.info.run_id, "test_accuracy", 0.3, step=1)
+    run, _ = ui.find_run(store, "ray_ddp-kept")
+    assert run.info.run_id == kept.info.run_id and run.epochs == 1
+    with pytest.raises(SystemExit, match=f"error: no run ray_ddp-absent in experiment {EXPERIMENT}"):
+        ui.find_run(store, "ray_ddp-absent")
+
+
 @pytest.mark.early(run=tracked_runs)
 def test_mlflow_ui_shows_the_run(early_run):
     """`mlflow ui` on the store, in headless Chromium: the run's name, every parameter, the last test accuracy, and
