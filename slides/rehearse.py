@@ -150,7 +150,7 @@ DIFF_LINES_PER_SECOND = 4  # changed lines of a diff, scrolled and pointed at hu
 def talk_words(slide: Slide) -> int:
     """Words the presenter says: the slide's prose and tables, and its notes, less code, markers and Live: lines."""
     notes = " ".join(re.findall(r"<!--(.*?)-->", slide.text, re.S))
-    notes = re.sub(r"^\s*(_\w+:.*|Live:.*|~\s*\d.*min)\s*$", "", notes, flags=re.M)
+    notes = re.sub(r"^\s*(_\w+:.*|Live:.*|numbers:.*|~\s*\d.*min)\s*$", "", notes, flags=re.M)
     body = re.sub(r"```.*?```", "", re.sub(r"<!--.*?-->", "", slide.text, flags=re.S), flags=re.S)
     return sum(any(c.isalnum() for c in word) for word in (notes + " " + body).split())  # not "#", "-", "|---|"
 

@@ -21,8 +21,10 @@ Code on a slide is the scripts' code:
 
 Numbers on a slide are measured ones. A number in prose, bullets, tables, headings or presenter notes (not in
 code: neither code blocks nor `inline code`, which hold flag values, commands and code; nor Marp's image syntax,
-`![w:1100](...)`, nor a link's target) must appear in README.md, benchmarks/README.md, a step's README.md or a
-file under benchmarks/published/, if it is a measurement-like number: one with a decimal point (42.55%, 0.887,
+`![w:1100](...)`, nor a link's target) must appear, with its unit, in a source that the slide names in a
+`<!-- numbers: PATH [PATH ...] -->` comment (README.md, benchmarks/README.md, a step's README.md, or a published
+result under benchmarks/published/; of the rehearsal's results.json, the lines its runs printed, not the slide
+titles it copies), if it is a measurement-like number: one with a decimal point (42.55%, 0.887,
 1.68x, 24.1 s, 7.60 GiB), one with a unit (%, x, s, ms, MB, GB, GiB, M, B, images/s), or an integer of 100 or
 more (266 images/s, 2,066 s). Integers below 100 without a unit (step numbers, "2 workers", "10 epochs") are not
 checked, nor the minutes of the presenter notes. A table of results is a generated region instead, between
@@ -56,11 +58,13 @@ import collections
 import functools
 import glob
 import io
+import json
 import math
 import re
 import subprocess
 import tokenize
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +120,7 @@ class Slide:
     prose: list = field(default_factory=list)  # markdown lines outside code blocks and comments
     blocks: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # presenter notes: comments that are neither directives nor sources
+    sources: list = field(default_factory=list)  # where its numbers come from: <!-- numbers: PATH ... -->
     generated: set = field(default_factory=set)  # indices into prose of the lines in <!-- table: NAME --> regions
     regions: list = field(default_factory=list)  # the NAMEs of those regions
     footer: str = ""  # a `_footer` (or `footer`) directive's text
@@ -159,6 +164,8 @@ def parse_deck(text: str) -> list:
             attribution = None
             if re.fullmatch(r"(code|diff):.*", content):
                 attribution = content
+            elif content.startswith("numbers:"):
+                slide.sources += content.split(":", 1)[1].split()
             elif region := REGION_START.fullmatch(content):
                 slide.regions.append(region.group(1))
                 in_region = True
@@ -450,39 +457,64 @@ def as_published(number: str) -> str:
     return re.sub(r"\s+", " ", number.replace(",", ""))
 
 
-def published_numbers() -> set:
-    """Each measured number of the sources, with its unit: a slide's 23.60% must be a percentage there, not any 23.60.
-    The slides' generated tables count as sources (tests/test_tables.py checks them against their results.json)."""
-    sources = [ROOT / "README.md", ROOT / "benchmarks/README.md", *sorted(ROOT.glob("0*/README.md")),
-               *sorted(p for p in (ROOT / "benchmarks/published").rglob("*") if p.is_file())]
-    texts = [s.prose[i] for s in SLIDES for i in s.generated]
-    for path in sources:
-        try:
-            texts.append(path.read_text())
-        except UnicodeDecodeError:  # plots
-            continue
-    return {as_published(number) for text in texts for number in measured_numbers(text)}
+REHEARSAL_RESULTS = ROOT / "benchmarks/published/rehearsal/results.json"
 
 
-def test_every_measured_number_on_a_slide_is_in_the_readme_or_the_published_benchmarks():
-    published = published_numbers()
-    unpublished = []
-    for slide in SLIDES:
-        # A generated region's numbers are rendered from a results.json: tests/test_tables.py checks them.
-        texts = [line for i, line in enumerate(slide.prose) if i not in slide.generated]
-        texts += [MINUTES.sub(" ", note) for note in slide.notes]
-        for text in texts:
-            for number in measured_numbers(text):
-                if as_published(number) not in published:
-                    unpublished.append(f"slide {slide_id(slide)}: {number}")
-    assert not unpublished, "numbers in none of README.md, benchmarks/README.md, the steps' READMEs and " \
-                            "benchmarks/published/:\n" + "\n".join(unpublished)
+def is_source(path: Path) -> bool:
+    """A document or a published result that a slide may quote: not the slides, nor the rehearsal's results.md,
+    which copies the slides' titles."""
+    name = str(path.relative_to(ROOT))
+    return path.is_file() and path != REHEARSAL_RESULTS.with_suffix(".md") and (
+        name in ("README.md", "benchmarks/README.md") or re.fullmatch(r"0\d-[\w-]+/README\.md", name) is not None
+        or name.startswith("benchmarks/published/") and path.suffix in (".md", ".json", ".txt"))
 
 
-def test_a_number_counts_as_published_only_with_its_unit():
-    published = published_numbers()
-    assert "78.86%" in published
-    assert "78.86 s" not in published and "78.86x" not in published  # the digits alone are not enough
+@functools.cache
+def source_numbers(path: Path) -> frozenset:
+    """The measured numbers a source publishes, with their units (a slide's 23.60% must be a percentage there, not
+    any 23.60): of the rehearsal's results.json, those of the lines its runs printed."""
+    if path == REHEARSAL_RESULTS:
+        text = "\n".join(line for c in json.loads(path.read_text())["commands"] for line in c["last_lines"])
+    else:
+        text = path.read_text()
+    return frozenset(as_published(number) for number in measured_numbers(text))
+
+
+def slide_numbers(slide) -> list:
+    """The measured numbers a slide states outside its generated regions (their numbers are rendered from a
+    results.json: tests/test_tables.py checks them), in its text and its notes."""
+    texts = [line for i, line in enumerate(slide.prose) if i not in slide.generated]
+    texts += [MINUTES.sub(" ", note) for note in slide.notes]
+    return [number for text in texts for number in measured_numbers(text)]
+
+
+def check_numbers(slide):
+    numbers = slide_numbers(slide)
+    assert slide.sources or not numbers, \
+        f"slide {slide_id(slide)}: name the sources of {numbers}: <!-- numbers: PATH ... -->"
+    for source in slide.sources:
+        assert is_source(ROOT / source), f"slide {slide_id(slide)}: {source} is no document or published result"
+    published = set().union(*(source_numbers(ROOT / source) for source in slide.sources))
+    published |= {as_published(n) for i in slide.generated for n in measured_numbers(slide.prose[i])}  # its tables
+    missing = [number for number in numbers if as_published(number) not in published]
+    assert not missing, f"slide {slide_id(slide)}: {missing} in none of {slide.sources}"
+
+
+def test_every_measured_number_on_a_slide_is_in_the_sources_it_names():
+    assert_every(check_numbers, [(slide,) for slide in SLIDES])
+
+
+def test_a_number_counts_as_published_only_in_a_named_source_and_with_its_unit():
+    rehearsal = source_numbers(REHEARSAL_RESULTS)
+    assert "23.60%" in rehearsal and "23.60 s" not in rehearsal  # the digits alone are not enough
+    assert "1.02B" not in rehearsal  # a slide's title, copied into the results: not a measurement
+    slide = Slide(1, "t", prose=["# t", "- test acc 23.60% and 1.02B"], sources=[str(REHEARSAL_RESULTS.relative_to(
+        ROOT))])
+    with pytest.raises(AssertionError, match=r"\['1.02B'\] in none of"):
+        check_numbers(slide)
+    with pytest.raises(AssertionError, match="name the sources"):
+        check_numbers(Slide(1, "t", prose=["# t", "- 23.60%"]))
+    assert not is_source(ROOT / "slides/workshop.md") and not is_source(REHEARSAL_RESULTS.with_suffix(".md"))
 
 
 def test_the_number_check_sees_what_it_should():
