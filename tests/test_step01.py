@@ -1,5 +1,11 @@
 """Step 01: the single-machine baseline and hand-written DDP under torchrun (gloo, CPU)."""
+import os
+import re
+import socket
+import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,7 +15,9 @@ from common.model import build_model, count_params
 from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step, final_json,
                     profile_summary, resumed_after)
 from conftest import ACCUMULATE, ROUNDING, SINGLE, SMOKE, ROOT
-from processes import run, torchrun
+from early import takes
+from labs.harness import free_port
+from processes import kill_tree, run, torchrun
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
@@ -170,3 +178,66 @@ def test_corrupt_data_is_a_one_line_error(tmp_path, main_error):
         (tmp_path / name).write_bytes(b"garbage")
     error = main_error(SINGLE, "--data-dir", str(tmp_path), "--epochs", "1")
     assert "cifar10_train.npz is corrupt" in error and "delete it" in error
+
+
+LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
+# 4 epochs: a node is lost after the first. Each of 6 steps, as SMOKE's: over many more steps the float rounding of
+# 2 ranks' sums against 1's grows past ROUNDING (80 steps did).
+ELASTIC = [*SMOKE[:SMOKE.index("--epochs")], "--epochs", "4", *SMOKE[SMOKE.index("--steps-per-epoch"):]]
+
+
+@takes(120)
+def two_nodes_then_one(folder: Path, lane) -> dict:
+    """The launcher on two "nodes" of this machine, one process each, elastic (--nnodes 1:2 --max-restarts 2), with
+    c10d rendezvous at one endpoint; once epoch 1's checkpoint is written, node b (the one that does not hold the
+    rendezvous store) is killed with everything it started. Then, to compare with, the same training on one process
+    from start to end. An early run: most of it is the rendezvous waiting 30 s for a node that does not come back."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    checkpoints, nodes = folder / "elastic", {}
+    path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # this venv's torchrun
+    for name in ("a", "b"):  # a first: its agent holds the rendezvous store
+        with (folder / f"{name}.out").open("w") as out, (folder / f"{name}.err").open("w") as err:
+            nodes[name] = lane.start(["bash", str(ROOT / LAUNCHER), "--nnodes", "1:2", "--endpoint", endpoint,
+                                      "--nproc-per-node", "1", "--max-restarts", "2", "--", *ELASTIC,
+                                      "--checkpoint-dir", str(checkpoints)], env=path, stdout=out, stderr=err,
+                                     start_new_session=True)
+        if name == "a":
+            wait_until(lambda: accepts(endpoint), "node a's rendezvous store", nodes["a"])
+    wait_until((checkpoints / "checkpoint.pt").exists, "epoch 1's checkpoint", nodes["a"])
+    kill_tree(nodes["b"].pid)
+    nodes["a"].wait(timeout=240)
+    nodes["b"].wait(timeout=10)
+    fixed = lane.run([sys.executable, str(ROOT / SINGLE), *ELASTIC, "--checkpoint-dir", str(folder / "fixed")],
+                     timeout=240)
+    output = {name: ((folder / f"{name}.out").read_text(), (folder / f"{name}.err").read_text()) for name in "ab"}
+    return dict(returncode=nodes["a"].returncode, output=output, checkpoints=checkpoints, fixed=fixed,
+                fixed_dir=folder / "fixed")
+
+
+def accepts(endpoint: str) -> bool:
+    host, port = endpoint.split(":")
+    with socket.socket() as connection:
+        return connection.connect_ex((host, int(port))) == 0
+
+
+def wait_until(condition, what: str, process, timeout: float = 120):
+    deadline = time.time() + timeout
+    while not condition():
+        assert process.poll() is None and time.time() < deadline, \
+            f"waited for {what}: the node {'ended' if process.poll() is not None else 'is slow'}"
+        time.sleep(0.1)
+
+
+@pytest.mark.early(run=two_nodes_then_one)
+def test_torchrun_across_two_nodes_goes_on_with_one_when_a_node_is_lost_and_resumes_from_the_checkpoint(early_run):
+    """--nnodes 1:2: the node left restarts its ranks (torchrun's --max-restarts), a rendezvous of one node forms,
+    and train_ddp.py resumes from its checkpoint on 1 process: every epoch trained once, by 2 processes and then 1,
+    ending with the weights of a run on one process throughout, up to float rounding (the same global batches)."""
+    stdout, stderr = early_run["output"]["a"]
+    assert early_run["returncode"] == 0, stderr[-3000:]
+    summary = final_json(subprocess.CompletedProcess([], 0, stdout, stderr))
+    sizes = [h["world_size"] for h in summary["history"]]
+    assert [h["epoch"] for h in summary["history"]] == [1, 2, 3, 4] and re.fullmatch("2+1+", "".join(map(str, sizes)))
+    assert resumed_after(stdout) == [sizes.count(2)], stdout[-3000:]  # node a's rank 0, after the node was lost
+    assert_same_weights(checkpoint_weights(early_run["fixed_dir"]), checkpoint_weights(early_run["checkpoints"]),
+                        atol=ROUNDING)

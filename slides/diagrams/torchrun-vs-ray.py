@@ -24,7 +24,7 @@ def crash(x0, bold, rest):
 # torchrun: one command per node, meeting at a rendezvous endpoint
 ax.text(275, 422, "torchrun", ha="center", va="center", fontsize=20, weight="bold")
 for n, x in enumerate(NODES):
-    box(ax, x + 25, 310, 180, 70, f"torchrun\n--node-rank {n}", fill="white", size=15, fontdict=MONO)
+    box(ax, x + 25, 310, 180, 70, "torchrun\n--nnodes 1:2", fill="white", size=15, fontdict=MONO)
     arrow(ax, (x + 115, 308), (x + 115, 228))
     node(0, x, f"node {n}", (f"rank {2 * n}", f"rank {2 * n + 1}"))
 ax.add_patch(Ellipse((275, 262), 210, 62, fc=COMM[1], ec=COMM[0], lw=2))
