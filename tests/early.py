@@ -33,7 +33,8 @@ BASE = pytest.StashKey[Path]()  # the session's folder of early runs
 
 
 def takes(seconds: float):
-    """What an early run takes in the full suite, measured: past twice that, it is killed and its tests fail."""
+    """What an early run takes in the full suite, measured (rounded up, for a slower processor than the one measured
+    on: say both beside it): past twice that, it is killed and its tests fail."""
     def measured(run):
         run.seconds = seconds
         return run
