@@ -186,7 +186,7 @@ LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 ELASTIC = [*SMOKE[:SMOKE.index("--epochs")], "--epochs", "4", *SMOKE[SMOKE.index("--steps-per-epoch"):]]
 
 
-@takes(120)  # 84 to 85 s measured beside another suite (AMD EPYC Zen 5, 2026-11-28)
+@takes(120)  # 71 to 85 s measured (the full suite: 71 s; AMD EPYC Zen 5, 2026-11-28)
 def two_nodes_then_one(folder: Path, lane) -> dict:
     """The launcher on two "nodes" of this machine, one process each, elastic (--nnodes 1:2 --max-restarts 2), with
     c10d rendezvous at one endpoint; once epoch 1's checkpoint is written, node b (the one that does not hold the
