@@ -1,5 +1,6 @@
 """What every lab's check shares: the lab's settings, loading the attendee's file, starting ranks as torchrun
 would, and the outcome of one check. Each check module (labs/checks/) holds only what its lab checks."""
+import hashlib
 import importlib.util
 import os
 import random
@@ -24,10 +25,16 @@ COMMON_MODULES = ("common.data", "common.flags", "common.model", "common.trainin
 LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "4",
              "--batch-size", "32", "--lr", "1e-3", "--eval-images", "255", "--seed", "1"]
 RENDEZVOUS_PORTS = range(20000, 32768)
+# Where the reference runs are kept, once per machine for the code as it is: the checks compare every try of a lab
+# with the same runs, which depend on this repository's code alone, never on the attendee's file.
+CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
+REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/rank.py", "labs/reference.py", "labs/watch.py",
+                  "labs/checks/*.py", "labs/solutions/*.py")
 RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy 2-core machine
 # How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
-# lab's run takes a few seconds between two collectives even on a busy machine (its ranks start together).
-COLLECTIVE_TIMEOUT_S = 30
+# lab's run takes a few seconds between two collectives even on a busy machine (its ranks start together); every
+# check of a run that hangs waits this long, which the suite pays once per wrong answer that hangs.
+COLLECTIVE_TIMEOUT_S = 15
 # What a rank that waited for a collective in vain says: gloo's timed out, or the other rank left first; Ray Train
 # names the ranks that never joined a report.
 HANG_SIGNS = ("timed out", "closed by peer", "reset by peer", "have not joined")
@@ -149,17 +156,43 @@ def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RA
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(len(processes))]
 
 
-def run_groups(lab_file, groups: list[tuple[str, int]], timeout: float = RANK_TIMEOUT_S) -> list[list]:
-    """Process groups, each of (entry, world size), started at once (their start-up overlaps), each rank calling
-    entry on the lab file: every group's ranks' return values."""
+def run_ranks(entry: str, lab_file, world_size: int, meanwhile=lambda: None) -> tuple:
+    """world_size ranks calling entry on the lab file, and meanwhile() in this process while they run (a reference
+    run): what meanwhile returned, and each rank's return value."""
     with tempfile.TemporaryDirectory() as folder:
-        folders = [Path(folder, str(i)) for i in range(len(groups))]
-        started = []
-        for (entry, size), group_folder in zip(groups, folders, strict=True):
-            group_folder.mkdir()
-            started.append(start_ranks(entry, lab_file, size, group_folder))
-        return [results(processes, group_folder, timeout)
-                for processes, group_folder in zip(started, folders, strict=True)]
+        processes = start_ranks(entry, lab_file, world_size, Path(folder))
+        try:
+            alongside = meanwhile()
+        except BaseException:
+            for process in processes:
+                process.kill()
+            raise
+        return alongside, results(processes, Path(folder))
+
+
+def cached(name: str) -> Path:
+    """The file that keeps the reference run `name`: its name holds a digest of everything the run depends on (the
+    code in REFERENCE_CODE, the lab's flags, torch's version), so a change to any of them makes a new run."""
+    digest = hashlib.sha256(f"{name} {LAB_FLAGS} {torch.__version__}".encode())
+    for path in sorted(path for pattern in REFERENCE_CODE for path in ROOT.glob(pattern)):
+        digest.update(path.read_bytes())
+    return CACHE / f"{name}-{digest.hexdigest()[:16]}.pt"
+
+
+def load_reference(name: str):
+    """The reference run `name` as kept by save_reference, or None if the code as it is never ran it here."""
+    path = cached(name)
+    return torch.load(path, weights_only=False) if path.exists() else None
+
+
+def save_reference(name: str, result):
+    """Keeps a reference run's result (written whole or not at all: checks may run side by side); returns it."""
+    path = cached(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    torch.save(result, partial)
+    os.replace(partial, path)
+    return result
 
 
 def free_port() -> int:

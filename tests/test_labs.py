@@ -70,6 +70,15 @@ STEP_06 = "06-ray-data-inference/batch_inference.py"
 CHECK_TIMEOUT_S = 280  # within pytest-timeout's 300 s per test
 
 
+@pytest.fixture(autouse=True, scope="module")
+def reference_runs_of_this_suite(tmp_path_factory):
+    """The checks' reference runs (labs.harness.CACHE) kept for this suite alone: the first check of a lab runs them,
+    the next ones read them back."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LABS_CACHE", str(tmp_path_factory.mktemp("labs-cache")))
+        yield
+
+
 def check(request, lab: str, *flags: str) -> subprocess.CompletedProcess:
     """python -m labs.check LAB; a Ray lab's on the shared test cluster, which is started once for every Ray test."""
     if LABS[lab].ray:
@@ -120,6 +129,10 @@ class WrongAnswer:
     failure: str
     hint: str
     of_the_starting_file: bool = False  # edits of the untouched file instead
+    # The file imports common's modules under other names (imported_otherwise): the checks replace common's functions
+    # in the modules that define them, in torchrun's processes, in Ray Train's workers (the functions pickled with
+    # train_func) and in Ray Data's actors, so they watch it all the same and the checks before the failing one pass.
+    imported_otherwise: bool = False
 
 
 WRONG_ANSWERS = {
@@ -129,7 +142,8 @@ WRONG_ANSWERS = {
         WrongAnswer("a sampler with its own seed", [("seed=args.seed, drop_last=True", "drop_last=True")],
                     2, "images are not those 1 process shuffling with --seed 1 trains", "with the run's seed"),
         WrongAnswer("no DDP", [("    model = DistributedDataParallel(model)\n", "")],
-                    3, "step 1: rank 0's and rank 1's gradients differ", "average them over the ranks in backward"),
+                    3, "step 1: rank 0's and rank 1's gradients differ", "average them over the ranks in backward",
+                    imported_otherwise=True),
         WrongAnswer("gradients summed by hand", [
             ("    model = DistributedDataParallel(model)\n", ""),
             ("            loss.backward()\n", "            loss.backward()\n            for p in model.parameters():\n"
@@ -179,7 +193,7 @@ WRONG_ANSWERS = {
             ("start_epoch, history = state[\"epoch\"] + 1, state[\"history\"]", "start_epoch = state[\"epoch\"] + 1")],
                     4, "the checkpoint's history differ(s)", "from everything it holds"),
         WrongAnswer("a resume at the checkpoint's epoch", [("state[\"epoch\"] + 1,", "state[\"epoch\"],")],
-                    4, "trained epoch(s) [2, 3]", "goes on after its epoch"),
+                    4, "trained epoch(s) [2, 3]", "goes on after its epoch", imported_otherwise=True),
     ],
     "02-hang": [
         WrongAnswer("a checkpoint from every rank", [
@@ -243,7 +257,7 @@ WRONG_ANSWERS = {
             ("        images = torch.tensor(", "        self.model = build_model(self.preset)\n"
              "        self.model.load_state_dict(ray.get(self.weights_ref))\n"
              "        self.model.to(self.device).eval()\n        images = torch.tensor(")],
-                    2, "the model was built ", "build the model in the constructor"),
+                    2, "the model was built ", "build the model in the constructor", imported_otherwise=True),
         WrongAnswer("the ids dropped", [("return dict(batch, predicted=", "return dict(predicted=")],
                     3, "no id and label say which image", "keep its input columns"),
         WrongAnswer("no mirror image", [
@@ -301,12 +315,17 @@ def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path
     for old, new in wrong.edits:
         assert old in answer, old
         answer = answer.replace(old, new)
+    if wrong.imported_otherwise:
+        answer = imported_otherwise(answer)
+        assert "shared_model.build_model(" in answer and "from common" not in answer
     (tmp_path / LABS[lab].file).write_text(answer)
     result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
     lines = verdicts(result.stdout)
     assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
     failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
     assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
+    if wrong.imported_otherwise:
+        assert all(line.startswith("PASS") for line in lines[:wrong.check - 1]), result.stdout
 
 
 def imported_otherwise(source: str) -> str:
@@ -319,26 +338,6 @@ def imported_otherwise(source: str) -> str:
         words = [name.strip() for name in names.split("#")[0].split(",")]
         source = re.sub(rf"(?<![.\w])({'|'.join(words)})\b", rf"shared_{module}.\1", source)
     return source
-
-
-@pytest.mark.parametrize("lab, wrong", [("02", None), ("01", "no DDP"), ("06", "the model built per batch")])
-def test_a_check_watches_common_however_the_lab_imports_it(request, tmp_path, lab, wrong):
-    """The checks replace common's functions in the modules that define them, in the check's processes and in
-    Ray's: a solution that imports common under another name passes (lab 02: in Ray Train's workers, the functions
-    pickled with train_func), a wrong answer that does still fails (lab 01: in torchrun's processes; lab 06: in Ray
-    Data's actors)."""
-    answer = lab_file(lab, "labs/solutions").read_text()
-    wrong = next((answer for answer in WRONG_ANSWERS[lab] if answer.name == wrong), None)
-    for old, new in wrong.edits if wrong else []:
-        answer = answer.replace(old, new)
-    (tmp_path / LABS[lab].file).write_text(imported_otherwise(answer))
-    assert "shared_model.build_model(" in imported_otherwise(answer) and "from common" not in imported_otherwise(answer)
-    result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
-    lines = verdicts(result.stdout)
-    if wrong is None:
-        assert result.returncode == 0 and all(line.startswith("PASS") for line in lines), result.stdout
-    else:
-        assert lines[wrong.check - 1].startswith("FAIL") and wrong.failure in lines[wrong.check - 1], result.stdout
 
 
 def hint_of(stdout: str, line: str) -> str:
@@ -432,6 +431,27 @@ def fsdp_units(shard_model) -> list[tuple[str, bool]]:
     shard_model(model)
     return [(name, module._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None)
             for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+
+
+def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
+    """A check's reference run is read back while nothing it depends on changed: the attendee's lab file is no part
+    of it. Changed code of common/, or other lab flags, make a new run."""
+    from labs import harness
+
+    for path in ("common/model.py", "labs/01_ddp.py"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("# as shipped\n")
+    monkeypatch.setattr(harness, "ROOT", tmp_path)
+    monkeypatch.setattr(harness, "CACHE", tmp_path / "cache")
+    assert harness.load_reference("recipe") is None
+    assert harness.save_reference("recipe", {"loss": 1.5}) == {"loss": 1.5} == harness.load_reference("recipe")
+    (tmp_path / "labs/01_ddp.py").write_text("# the attendee's try\n")
+    assert harness.load_reference("recipe") == {"loss": 1.5}
+    (tmp_path / "common/model.py").write_text("# a wider model\n")
+    assert harness.load_reference("recipe") is None
+    harness.save_reference("recipe", {"loss": 1.2})
+    monkeypatch.setattr(harness, "LAB_FLAGS", [*harness.LAB_FLAGS, "--lr", "2e-3"])
+    assert harness.load_reference("recipe") is None
 
 
 def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_given(monkeypatch):

@@ -4,7 +4,7 @@ reduce-scatters each rank issued; every optimizer step's gradients are recorded 
 from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
 from labs.checks.fully_shard import GRADIENT_TOLERANCE, LOSS_TOLERANCE, watch
-from labs.harness import Outcome, RunFailed, crashed, lab_args, run_groups
+from labs.harness import Outcome, RunFailed, crashed, lab_args, run_ranks
 
 ACCUMULATE = ["--grad-accum-steps", "2"]
 SAME_STEPS = ("one optimizer step per 2 micro-batches, with 1 process's gradients of the whole batch: summed over "
@@ -16,14 +16,10 @@ CHECKS = [SAME_STEPS, ONE_REDUCE_SCATTER, SAME_LOSS]
 
 def run(lab_file) -> list:
     try:
-        [alone], pair = run_groups(lab_file, [(f"{__name__}:reference_run", 1), (f"{__name__}:watched_main", 2)])
+        alone, pair = run_ranks(f"{__name__}:watched_main", lab_file, 2, lambda: reference.recipe(1))
     except RunFailed as error:
         return crashed(CHECKS, str(error))
     return [same_steps(alone, pair), one_reduce_scatter(alone, pair[0]), same_loss(alone, pair[0])]
-
-
-def reference_run(lab_file) -> dict:
-    return reference.train(lab_args(), epochs=1)  # whole batches: no --grad-accum-steps
 
 
 def watched_main(lab_file) -> dict:

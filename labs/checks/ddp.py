@@ -11,7 +11,7 @@ import torch.distributed as dist
 from common.data import augment_batch, load_data
 from common.training import evaluate
 from labs import reference
-from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups, watch_training
+from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
 
 ONE_GROUP = "2 processes join one process group, and leave it when training ends"
 SHARDS = "each step, the ranks train disjoint halves of 1 process's batch, shuffled with --seed, anew each epoch"
@@ -26,15 +26,11 @@ GRADIENT_TOLERANCE, WEIGHT_TOLERANCE, LOSS_TOLERANCE = 1e-4, 1e-3, 1e-5
 
 def run(lab_file) -> list:
     try:
-        [alone], pair = run_groups(lab_file, [(f"{__name__}:reference_run", 1), (f"{__name__}:watched_main", 2)])
+        alone, pair = run_ranks(f"{__name__}:watched_main", lab_file, 2, lambda: reference.recipe(lab_args().epochs))
     except RunFailed as error:
         return crashed(CHECKS, str(error))
     return [one_group(pair), shards(alone, pair), same_training(alone, pair), global_loss(alone, pair),
             global_accuracy(pair)]
-
-
-def reference_run(lab_file) -> dict:
-    return reference.train(lab_args(), lab_args().epochs)
 
 
 def watched_main(lab_file, *flags: str) -> dict:

@@ -8,7 +8,7 @@ from torch.distributed.tensor import DTensor
 
 from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
-from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_groups, watch_training
+from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
 
 HALF_EACH = "the 2 ranks hold the model once between them, about half each (a shard of every parameter)"
 SAME_TRAINING = "2 sharded ranks train what 1 unsharded process trains (every step's gradients and loss)"
@@ -22,14 +22,10 @@ GRADIENT_TOLERANCE, LOSS_TOLERANCE = 1e-4, 1e-5
 
 def run(lab_file) -> list:
     try:
-        [alone], pair = run_groups(lab_file, [(f"{__name__}:reference_run", 1), (f"{__name__}:watched_main", 2)])
+        alone, pair = run_ranks(f"{__name__}:watched_main", lab_file, 2, lambda: reference.recipe(1))
     except RunFailed as error:
         return crashed(CHECKS, str(error))
     return [half_each(pair), same_training(alone, pair), all_gathers(pair[0])]
-
-
-def reference_run(lab_file) -> dict:
-    return reference.train(lab_args(), epochs=1)  # the lab trains one epoch's steps
 
 
 def watched_main(lab_file) -> dict:

@@ -10,7 +10,8 @@ import torch
 
 from labs import watch
 from labs.checks import ddp
-from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, results, start_ranks, start_ray
+from labs.harness import (Outcome, ROOT, crashed, lab_args, load_lab, load_reference, ray_error, results,
+                          save_reference, start_ranks, start_ray)
 
 ON_RAY = "fit() trains train_func on 2 Ray workers in one process group, in the run `name` under storage"
 SAME_TRAINING = "the workers train torchrun's shards of every epoch, and keep the same weights (gradients averaged)"
@@ -19,6 +20,7 @@ RESUMES = ("a run started again under its name trains only the epochs left, and 
            "uninterrupted run's does: weights, optimizer state, history")
 CHECKS = [ON_RAY, SAME_TRAINING, REPORTS, RESUMES]
 TORCHRUN_LAB = ROOT / "labs" / "solutions" / "01_ddp.py"
+TORCHRUN = "lab-01-solution-torchrun"  # the reference run's name (labs.harness.load_reference)
 NAME, EPOCHS = "lab02", 3  # the second run's epochs; the first run trains lab_args().epochs (2)
 
 
@@ -28,16 +30,19 @@ def run(lab_file, address) -> list:
         folder = Path(folder)
         (folder / "torchrun").mkdir()
         (folder / "calls").mkdir()
-        torchrun_ranks = start_ranks(f"{__name__}:uninterrupted", TORCHRUN_LAB, 2, folder / "torchrun")
+        torchrun = load_reference(TORCHRUN)
+        if torchrun is None:  # the first time, it runs beside Ray's
+            torchrun_ranks = start_ranks(f"{__name__}:uninterrupted", TORCHRUN_LAB, 2, folder / "torchrun")
         start_ray(address, watch.environment(folder / "calls", ["augment_batch", "build_model", "report"]))
         try:
             runs = fit_twice(lab, folder)
         except Exception as error:  # the run failed (TrainingFailedError), or fit() itself did
             return crashed(CHECKS, ray_error(error))
         finally:
-            torchrun = results(torchrun_ranks, folder / "torchrun")
+            if torchrun is None:
+                torchrun = save_reference(TORCHRUN, results(torchrun_ranks, folder / "torchrun"))
         (first, first_calls), (resumed, resumed_calls) = runs
-        return [on_ray(first, first_calls, folder / "storage"), same_training(first_calls + resumed_calls, torchrun),
+        return [on_ray(first, first_calls, folder / "storage"), same_training([first_calls, resumed_calls], torchrun),
                 reports(first, first_calls, torchrun[0]), resumes(resumed, resumed_calls, torchrun[0])]
 
 
@@ -79,23 +84,24 @@ def on_ray(first, calls: list[dict], storage: Path):
                                     "starts their process group); RunConfig names the run and its storage")
 
 
-def same_training(calls: list[dict], torchrun: list[dict]):
-    """Each rank's images, epoch by epoch, against torchrun's ranks'; the ranks' weights at every report."""
+def same_training(runs: list[list[dict]], torchrun: list[dict]):
+    """Each rank's images, epoch by epoch, against torchrun's ranks'; the ranks' weights at every report of each
+    run (the calls of each run)."""
     expected = {(rank["rank"], step["epoch"], tuple(step["ids"])) for rank in torchrun for step in rank["steps"]}
-    steps = {(call["rank"], call["epoch"], tuple(call["ids"])) for call in trained(calls)}
+    steps = {(call["rank"], call["epoch"], tuple(call["ids"])) for calls in runs for call in trained(calls)}
     if not steps:
         return Outcome(SAME_TRAINING, "no worker trained (above)", "")
     if not steps <= expected:
         return Outcome(SAME_TRAINING, "the workers trained other images than torchrun's ranks, in some epoch",
                        "each worker trains its own shard of the data (the sampler, which Ray's prepare_data_loader "
                        "keeps), shuffled with --seed and anew each epoch (set_epoch)")
-    reports = trained(calls, "report")
-    for epoch in sorted({report["metrics"].get("epoch") for report in reports}, key=str):
-        digests = {report["weights"] for report in reports if report["metrics"].get("epoch") == epoch}
-        if len(digests) > 1:
-            return Outcome(SAME_TRAINING, f"at the report of epoch {epoch}, rank 0's and rank 1's weights differ",
-                           "each worker's gradients come from its own images: DDP averages them over the workers "
-                           "in backward (Ray's prepare_model wraps the model in it)")
+    for reports in (trained(calls, "report") for calls in runs):
+        for epoch in sorted({report["metrics"].get("epoch") for report in reports}, key=str):
+            digests = {report["weights"] for report in reports if report["metrics"].get("epoch") == epoch}
+            if len(digests) > 1:
+                return Outcome(SAME_TRAINING, f"at the report of epoch {epoch}, rank 0's and rank 1's weights differ",
+                               "each worker's gradients come from its own images: DDP averages them over the "
+                               "workers in backward (Ray's prepare_model wraps the model in it)")
     return Outcome(SAME_TRAINING, None, "")
 
 
