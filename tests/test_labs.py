@@ -17,8 +17,11 @@ from torch.distributed.fsdp import FSDPModule
 from common.model import build_model
 from labs.check import LABS
 
+import processes
 from checks import load_script
-from conftest import RAY_DDP, RAY_FSDP2, ROOT
+from conftest import RAY_DDP, RAY_FSDP2, ROOT, two_node_cluster
+from early import takes
+from suite_rules import time_limit
 
 pytestmark = pytest.mark.labs
 
@@ -65,6 +68,7 @@ UNLIKE_THE_SCRIPT = {
            "return trainer.fit()"},
 }
 STEP_05 = "05-ray-tune/tune_ray_ddp.py"
+EARLY_LAB = "05"  # its checks run early (lab05_checks)
 STEP_06 = "06-ray-data-inference/batch_inference.py"
 # The checks' budget is 60 s on 2 cores; the tests leave room for a machine shared with other work.
 CHECK_TIMEOUT_S = 280  # within pytest-timeout's 300 s per test
@@ -79,12 +83,45 @@ def reference_runs_of_this_suite(tmp_path_factory):
         yield
 
 
-def check(request, lab: str, *flags: str) -> subprocess.CompletedProcess:
-    """python -m labs.check LAB; a Ray lab's on the shared test cluster, which is started once for every Ray test."""
-    if LABS[lab].ray:
-        flags = (*flags, "--address", request.getfixturevalue("ray_cluster"))
-    return subprocess.run([sys.executable, "-m", "labs.check", lab, *flags], cwd=ROOT, capture_output=True,
-                          text=True, timeout=CHECK_TIMEOUT_S)
+@pytest.fixture
+@time_limit(3600)  # the early run's own deadline bounds the wait
+def ran_early(request) -> dict | None:
+    """What lab05_checks printed, for a test marked early; None for the others, which run their check now."""
+    return request.getfixturevalue("early_run") if request.node.get_closest_marker("early") else None
+
+
+def check(request, ran_early, lab: str, case: str, file=None) -> subprocess.CompletedProcess:
+    """python -m labs.check LAB [--file FILE]; a Ray lab's on the shared test cluster, which is started once for
+    every Ray test. Lab 05's checks ran early (lab05_checks): this case's (untouched, solution, a wrong answer)."""
+    if ran_early is not None:
+        return ran_early[case]
+    return run_check(lab, file, request.getfixturevalue("ray_cluster") if LABS[lab].ray else None)
+
+
+def run_check(lab: str, file, address: str | None, run=processes.run) -> subprocess.CompletedProcess:
+    flags = [*(["--file", str(file)] if file else []), *(["--address", address] if address else [])]
+    return run([sys.executable, "-m", "labs.check", lab, *flags], timeout=CHECK_TIMEOUT_S)
+
+
+@takes(480)  # 468 s on the 2-core Zen 5 beside two other jobs (2026-11-28)
+def lab05_checks(folder, lane) -> dict:
+    """Lab 05's checks, each a sweep of 3 trials (about 50 s, mostly Ray starting each trial's processes): in the
+    early lane, beside the other tests, on a two-node cluster of their own. {case: what the check printed}."""
+    files = {"untouched": None, "solution": lab_file(EARLY_LAB, "labs/solutions")}
+    for i, wrong in enumerate(WRONG_ANSWERS[EARLY_LAB]):
+        files[wrong.name] = folder / f"wrong-{i}" / LABS[EARLY_LAB].file
+        files[wrong.name].parent.mkdir()
+        files[wrong.name].write_text(wrong_answer(EARLY_LAB, wrong))
+    cluster = two_node_cluster()
+    try:
+        return {case: run_check(EARLY_LAB, file, cluster.address, lane.run) for case, file in files.items()}
+    finally:
+        cluster.shutdown()
+
+
+def on_time(lab: str, *values):
+    """The parameters of a test of this lab's check: marked early for lab 05 (lab05_checks)."""
+    return pytest.param(lab, *values, marks=[pytest.mark.early(run=lab05_checks)] if lab == EARLY_LAB else [])
 
 
 def verdicts(stdout: str) -> list[str]:
@@ -99,9 +136,9 @@ def lab_file(lab: str, folder: str = "labs"):
     return ROOT / folder / LABS[lab].file
 
 
-@pytest.mark.parametrize("lab", LABS)
-def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, lab):
-    result = check(request, lab)
+@pytest.mark.parametrize("lab", [on_time(lab) for lab in LABS])
+def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, ran_early, lab):
+    result = check(request, ran_early, lab, "untouched")
     lines = verdicts(result.stdout)
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     assert len(lines) == len(STARTING_FAILURES[lab]), result.stdout
@@ -109,9 +146,9 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, lab):
         assert line.startswith("FAIL") and shows(line, failure), (line, failure)
 
 
-@pytest.mark.parametrize("lab", LABS)
-def test_every_check_passes_on_the_solution(request, lab):
-    result = check(request, lab, "--file", str(lab_file(lab, "labs/solutions")))
+@pytest.mark.parametrize("lab", [on_time(lab) for lab in LABS])
+def test_every_check_passes_on_the_solution(request, ran_early, lab):
+    result = check(request, ran_early, lab, "solution", lab_file(lab, "labs/solutions"))
     lines = verdicts(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
@@ -308,9 +345,22 @@ WRONG_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("lab, wrong", [(lab, wrong) for lab, answers in WRONG_ANSWERS.items() for wrong in answers],
+@pytest.mark.parametrize("lab, wrong", [on_time(lab, wrong) for lab, answers in WRONG_ANSWERS.items()
+                                        for wrong in answers],
                          ids=lambda value: value.name.replace(" ", "-") if isinstance(value, WrongAnswer) else value)
-def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path, lab, wrong):
+def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, ran_early, tmp_path, lab, wrong):
+    (tmp_path / LABS[lab].file).write_text(wrong_answer(lab, wrong))
+    result = check(request, ran_early, lab, wrong.name, tmp_path / LABS[lab].file)
+    lines = verdicts(result.stdout)
+    assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
+    failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
+    assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
+    if wrong.imported_otherwise:
+        assert all(line.startswith("PASS") for line in lines[:wrong.check - 1]), result.stdout
+
+
+def wrong_answer(lab: str, wrong: WrongAnswer) -> str:
+    """The text of a wrong answer: its edits made to the lab's solution (or starting file)."""
     answer = lab_file(lab, "labs" if wrong.of_the_starting_file else "labs/solutions").read_text()
     for old, new in wrong.edits:
         assert old in answer, old
@@ -318,14 +368,7 @@ def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, tmp_path
     if wrong.imported_otherwise:
         answer = imported_otherwise(answer)
         assert "shared_model.build_model(" in answer and "from common" not in answer
-    (tmp_path / LABS[lab].file).write_text(answer)
-    result = check(request, lab, "--file", str(tmp_path / LABS[lab].file))
-    lines = verdicts(result.stdout)
-    assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
-    failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
-    assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
-    if wrong.imported_otherwise:
-        assert all(line.startswith("PASS") for line in lines[:wrong.check - 1]), result.stdout
+    return answer
 
 
 def imported_otherwise(source: str) -> str:
@@ -396,7 +439,7 @@ def test_a_check_that_hangs_ends_at_its_deadline(request, tmp_path, monkeypatch)
                                      "    time.sleep(3600)\n")
     monkeypatch.setenv("LABS_DEADLINE_S", "20")
     start = time.monotonic()
-    result = check(request, "06", "--file", str(tmp_path / "lab.py"))
+    result = check(request, None, "06", "hung", tmp_path / "lab.py")
     lines = verdicts(result.stdout)
     assert result.returncode == 1 and time.monotonic() - start < 90, result.stdout + result.stderr[-3000:]
     assert "the run hung: it did not end within the check's 20 s" in lines[0] and "py-spy dump" in result.stdout
