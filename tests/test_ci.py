@@ -53,6 +53,7 @@ def test_the_workflow_runs_the_smoke_tier_on_pushes_and_the_full_suite_nightly_t
         assert setup["with"]["cache"] == "pip" and "requirements" in setup["with"]["cache-dependency-path"]
     # The MLflow UI test's browser on the full suite's runner: the one GitHub's images ship, checked before the suite.
     assert commands["full"][-2] == "chromium --version"
+    assert "apt-get install -y -q slurm-wlm munge" in commands["full"][-3]  # the SLURM tests' cluster
     assert workflow["env"]["CI"] == "true"  # a skip fails (suite_rules.py): the UI test must run
     assert not [key for key in workflow["env"] if key.startswith("PIP_")]  # pip's own index for all but torch's two
 
@@ -123,8 +124,8 @@ def test_the_index_check_sees_an_index_however_it_is_named():
 @pytest.fixture
 def ci_run(tmp_path):
     """.ci/run beside a README whose test command ends in a stand-in `python` that prints CI and its arguments, run on
-    a PATH of its own: bash, dirname and sed, a Chromium (a stand-in) and an apt-get that notes its arguments in
-    apt.log. Returns (the run, apt.log)."""
+    a PATH of its own: bash, dirname and sed, stand-ins for Chromium, slurmctld and munged, and an apt-get that notes
+    its arguments in apt.log. Returns (the run, apt.log)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "README.md").write_text("# x\n\n<!-- test-command -->\n```bash\n"
@@ -137,7 +138,8 @@ def ci_run(tmp_path):
         (tools / tool).symlink_to(shutil.which(tool))
     (tools / "apt-get").write_text(f'#!/bin/sh\necho "apt-get $*" >> {log}\n')
     (tools / "apt-get").chmod(0o755)
-    (tools / "chromium").symlink_to(tools / "apt-get")  # any file by that name
+    for tool in ("chromium", "slurmctld", "munged"):
+        (tools / tool).symlink_to(tools / "apt-get")  # any file by that name
 
     def run(*args):
         return subprocess.run(["bash", str(tmp_path / ".ci" / "run"), *args], env={"PATH": str(tools)},
@@ -164,6 +166,14 @@ def test_ci_run_installs_debians_chromium_where_none_is_installed_and_makes_a_sk
     assert without.returncode == 0, without.stderr
     assert log.read_text().splitlines() == ["apt-get update -q", "apt-get install -y -q chromium"]
     assert without.stdout.splitlines()[-2:] == ["CI=true", "pytest got: -m pytest"]
+
+
+def test_ci_run_installs_debians_slurm_and_munge_where_missing_in_the_same_apt_get(ci_run, tmp_path):
+    run, log = ci_run
+    for tool in ("chromium", "slurmctld", "munged"):
+        (tmp_path / "bin" / tool).unlink()
+    assert run().returncode == 0
+    assert log.read_text().splitlines() == ["apt-get update -q", "apt-get install -y -q chromium slurm-wlm munge"]
 
 
 def readme_test_command() -> str:

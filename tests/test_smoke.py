@@ -182,10 +182,21 @@ TIER = {
 }
 
 
-def test_every_script_is_run_by_a_test_of_the_tier():
-    scripts = {str(p.relative_to(ROOT)) for pattern in ("0*/*.py", "0*/*.sh") for p in ROOT.glob(pattern)}
-    assert set(TIER) == scripts, f"give each script a test of the smoke tier: {sorted(scripts ^ set(TIER))}"
-    for script, (module_name, name) in TIER.items():
+# The batch scripts for SLURM, each run by a test of the slurm marker: a cluster to start is no part of the smoke tier.
+BATCH = {
+    "01-vanilla-pytorch-ddp/slurm_ddp.sbatch":
+        ("test_slurm", "test_the_ddp_job_runs_a_launcher_per_node_in_one_process_group"),
+    "02-ray-train-ddp/slurm_ray.sbatch":
+        ("test_slurm", "test_the_ray_job_starts_a_ray_node_per_slurm_node_and_trains_on_both"),
+}
+
+
+@pytest.mark.parametrize("patterns, tests, marker", [(("0*/*.py", "0*/*.sh"), TIER, "smoke"),
+                                                     (("0*/*.sbatch",), BATCH, "slurm")])
+def test_every_script_is_run_by_a_test_of_the_tier(patterns, tests, marker):
+    scripts = {str(p.relative_to(ROOT)) for pattern in patterns for p in ROOT.glob(pattern)}
+    assert set(tests) == scripts, f"give each script a test of the {marker} tier: {sorted(scripts ^ set(tests))}"
+    for script, (module_name, name) in tests.items():
         module = importlib.import_module(module_name)
         marks = [getattr(module, "pytestmark", None), *getattr(getattr(module, name, None), "pytestmark", [])]
-        assert any(mark and mark.name == "smoke" for mark in marks), f"{script}: {module_name}.{name} is not smoke"
+        assert any(mark and mark.name == marker for mark in marks), f"{script}: {module_name}.{name} is not {marker}"
