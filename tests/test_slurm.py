@@ -159,10 +159,13 @@ def submit(script: str, folder: Path, env: dict, lane, *flags: str) -> dict:
 def slurm_jobs(folder: Path, lane) -> dict:
     """The cluster, then step 01's job and step 02's, one after the other: {script: its outcome}."""
     with slurm_cluster(folder, lane) as env:
-        return {DDP: submit(DDP, folder, env, lane, "--", *SMOKE, "--epochs", "1",
+        # Ports no other run of the suite holds: the rendezvous's, and the Ray head's (with a home of its own for
+        # the head's token).
+        rendezvous, head = free_ports(2)
+        return {DDP: submit(DDP, folder, {**env, "RDZV_PORT": str(rendezvous)}, lane, "--", *SMOKE, "--epochs", "1",
                             "--checkpoint-dir", str(folder / "ddp")),
-                RAY: submit(RAY, folder, {**env, "HOME": str(folder / "home")}, lane, *SMOKE, "--epochs", "1",
-                            "--checkpoint-dir", str(folder / "ray"))}
+                RAY: submit(RAY, folder, {**env, "HOME": str(folder / "home"), "RAY_PORT": str(head)},
+                            lane, *SMOKE, "--epochs", "1", "--checkpoint-dir", str(folder / "ray"))}
 
 
 def job(early_run, script: str) -> str:
