@@ -24,7 +24,8 @@ def actionlint() -> str:
 
 def test_the_workflows_pass_actionlint():
     assert WORKFLOWS, "no workflow in .github/workflows"
-    result = subprocess.run([actionlint(), *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([actionlint(), *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -36,7 +37,7 @@ def test_actionlint_finds_a_broken_workflow(tmp_path):
     broken.parent.mkdir(parents=True)
     broken.write_text("on: [pushh]\njobs:\n  a:\n    needs: nowhere\n    runs-on: ubuntu-latest\n"
                       "    steps:\n      - run: bash .ci/run\n")
-    result = subprocess.run([actionlint(), str(broken)], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run([actionlint(), str(broken)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "pushh" in result.stdout and "nowhere" in result.stdout
 
 
@@ -70,7 +71,8 @@ def test_the_workflow_installs_torch_and_torchvision_alone_from_pytorchs_cpu_ind
         assert make == "python -m venv .venv" and ". .venv/bin/activate" in readme_test_command()
         words, pinned = install.split(" | ")
         assert pinned == f"xargs .venv/bin/pip install --index-url {PYTORCH_CPU}"
-        listed = subprocess.run(["bash", "-c", words], cwd=ROOT, capture_output=True, text=True).stdout.split()
+        listed = subprocess.run(["bash", "-c", words], cwd=ROOT, capture_output=True, text=True,
+                                timeout=30).stdout.split()
         assert [line.split("==")[0] for line in listed] == ["torch", "torchvision"], listed
         assert set(listed) <= set((ROOT / "requirements.txt").read_text().split())
 
@@ -93,7 +95,7 @@ def test_no_package_index_but_pytorchs_cpu_wheels_is_written_anywhere():
     """pip's default index needs no naming; PyTorch's CPU wheels are the one other (the workflow, the README's install
     advice). Every file git tracks, or would add, is read."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+                            capture_output=True, text=True, check=True, timeout=30).stdout.split("\0")
     named = {}
     for name in filter(None, listed):
         try:
@@ -143,7 +145,7 @@ def ci_run(tmp_path):
 
     def run(*args):
         return subprocess.run(["bash", str(tmp_path / ".ci" / "run"), *args], env={"PATH": str(tools)},
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, timeout=30)
     return run, log
 
 

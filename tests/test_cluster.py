@@ -24,7 +24,8 @@ def readme_cluster_commands() -> list:
 
 def can_isolate() -> bool:
     return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+        timeout=30).returncode == 0
 
 
 @takes(130)  # 99 s as a test of its own in the full suite (AMD EPYC Zen 5, 2026-11-28)

@@ -37,7 +37,7 @@ PROJECTOR_COLUMNS = 100
 
 
 def changed_lines(old: str, new: str) -> list:
-    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
+    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
     return [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
 
 

@@ -315,7 +315,7 @@ def excerpt_problem(block_lines: list, source: Source):
 
 def changed_lines(old: str, new: str) -> dict:
     """Line numbers (from 0) of what `diff -u old new` removes from old ("-") and adds to new ("+")."""
-    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True).stdout
+    diff = subprocess.run(["diff", "-u", old, new], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
     changed, at = {"+": [], "-": []}, {}
     for line in diff.splitlines():
         if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):

@@ -234,7 +234,8 @@ def kill_a_worker_in_epoch_2(cmd, storage: Path, logs: Path, timeout: float,
             while registered_epoch(storage) < 1:
                 assert run.poll() is None and time.time() < deadline, (logs / "stderr").read_text()[-3000:]
                 time.sleep(0.2)
-            workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
+            workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True,
+                                     timeout=30)
             ours = descendants(run.pid)  # its Ray's workers, not those of a test running meanwhile
             victim = [pid for pid in map(int, workers.stdout.split()) if pid in ours][-1]
             os.kill(victim, signal.SIGKILL)

@@ -78,7 +78,7 @@ def make_run(scratch: Path, address: str | None) -> dict:
     cmd = [sys.executable, VARIANT, *RUN_FLAGS, "--checkpoint-dir", str(scratch / "checkpoints"), "--tracking-uri", uri]
     cmd += ["--address", address] if address else []
     print("training:", " ".join(cmd[1:]), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode:
         sys.exit(f"error: the tracked run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return dict(uri=uri, command=" ".join(["python", VARIANT, *RUN_FLAGS]))
@@ -262,7 +262,7 @@ def stack(pngs: list, path: Path) -> None:
 def results_markdown(report: dict, run, made: dict | None, ui_seconds: float, chromium: str) -> str:
     import mlflow
 
-    version = subprocess.run([chromium, "--version"], capture_output=True, text=True).stdout.strip()
+    version = subprocess.run([chromium, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     seconds = report["seconds"]
     drawn = (f"drew the run's Model metrics tab in {seconds['charts']:.0f} s and its overview in "
              f"{seconds['overview']:.0f} s" if len(seconds) == 2 else "did not draw everything")
