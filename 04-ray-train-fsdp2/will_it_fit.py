@@ -4,12 +4,15 @@ hold is allocated.
 
     python 04-ray-train-fsdp2/will_it_fit.py --num-workers 2
     python 04-ray-train-fsdp2/will_it_fit.py --model giant --num-workers 8 --mixed-precision --memory-per-device 80GiB
-    python 04-ray-train-fsdp2/will_it_fit.py --module torchvision.models:resnet50 --input-shape 3,224,224
+    python 04-ray-train-fsdp2/will_it_fit.py --module torchvision.models:resnet50 --block Bottleneck \
+        --input-shape 3,224,224
 
 Parameters, gradients and AdamW's state are counted from the shapes as each strategy shards them (FSDP2 splits every
 parameter on dim 0, padded to a multiple of the ranks; FSDP1 one flat vector per unit, padded too). Activations are
 measured: one forward pass of fake tensors, adding up the bytes of the tensors autograd saves for backward. How
-close this comes to real runs, and what "peak" means: benchmarks/published/will-it-fit/results.md.
+close this comes to real runs, and what "peak" means: benchmarks/published/will-it-fit/results.md. The flags that
+change memory are step 04's (FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the steps run on CPUs (on GPUs
+they autocast to bf16, whose activations are about the FSDP2 (bf16) row's).
 """
 import argparse
 import importlib
@@ -24,7 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/, run from anywhere
 from common.errors import fail  # noqa: E402
-from common.model import PRESETS, TRANSFORMER_BLOCK, build_model  # noqa: E402
+from common.flags import Parser  # noqa: E402
+from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
 ADAMW_STEP_BYTES = 4  # AdamW keeps a float32 step count per parameter tensor, beside its two moments
@@ -53,14 +57,14 @@ def main():
     estimates = [estimate(model, s, args, activations) for s in chosen(args.strategy)]
     print(describe(model, args))
     print(memory_table(estimates, args))
-    print(communication_table(estimates))
+    print(communication_table(estimates, args))
     if args.memory_per_device:
         print(verdict(estimates, args.memory_per_device))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="hybrid", choices=PRESETS, help="a preset of common/model.py")
+    p = Parser(__doc__, check=lambda parser, args: None)  # argparse, its errors on one line
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS, help="a preset of common/model.py")
     p.add_argument("--module", help="any model instead: pkg.module:factory, called with no arguments")
     p.add_argument("--input-shape", default="3,32,32", help="one example's shape, for --module (default: CIFAR)")
     p.add_argument("--block", default=TRANSFORMER_BLOCK.__name__,
@@ -280,10 +284,10 @@ def peak_bytes(model, strategy: str, args, params: int, grads: int, optimizer: i
 
 def describe(model, args) -> str:
     count = sum(p.numel() for p in model.parameters())
-    name = args.module or args.model
     flags = [f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload)) if on]
-    return (f"{name}: {count:,} parameters | {args.num_workers} ranks x {micro_batch(args)} examples x "
-            f"{args.grad_accum_steps} micro-batches per step{' | FSDP2: ' + ', '.join(flags) if flags else ''}")
+    precision = "FSDP2: " + ", ".join(flags) if flags else "fp32"
+    return (f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x {micro_batch(args)} "
+            f"examples x {args.grad_accum_steps} micro-batches per step | {precision}")
 
 
 def mib(nbytes: float) -> str:
@@ -304,12 +308,12 @@ def label(e: Estimate, args) -> str:
         (" (offload)" if e.strategy == "fsdp2" and args.cpu_offload else "")
 
 
-def communication_table(estimates: list) -> str:
-    lines = ["communication per step | collectives (count: MiB handed over) | MiB sent per rank (ring)",
+def communication_table(estimates: list, args) -> str:
+    lines = ["communication per step | collectives (count: MiB handed over) | sent per rank (ring)",
              "--- | --- | ---:"]
     for e in estimates:
         calls = ", ".join(f"{name} ({count}: {mib(nbytes)})" for name, (count, nbytes) in e.collectives.items())
-        lines.append(f"{e.strategy.upper()} | {calls} | {mib(e.sent)}")
+        lines.append(f"{label(e, args)} | {calls} | {mib(e.sent)} MiB")
     return "\n".join(lines)
 
 

@@ -176,6 +176,21 @@ def predicted(config: dict, fit) -> list:
     return rows
 
 
+def disagreements(predicted: list, measured: list) -> list:
+    """Where a prediction misses a rank's measurement by more than TOLERANCE, one line each."""
+    problems = []
+    for rank, (p, m) in enumerate(zip(predicted, measured, strict=True)):
+        problems += [f"rank {rank} {k}: predicted {p[k]:,} bytes, measured {m[k]:,}"
+                     for k in ("params", "grads", "optimizer") if p[k] != m[k]]
+        if m["peak"] is not None and abs(p["peak"] - m["peak"]) > TOLERANCE["peak"] * m["peak"]:
+            problems.append(f"rank {rank} peak: predicted {p['peak']:,} bytes, measured {m['peak']:,}")
+        for name in sorted(set(p["collectives"]) | set(m["collectives"])):
+            (_, sent), (_, counted) = p["collectives"].get(name, (0, 0)), m["collectives"].get(name, (0, 0))
+            if abs(sent - counted) > TOLERANCE["communication"] * counted:
+                problems.append(f"rank {rank} {name}: predicted {sent:,} bytes per step, counted {counted:,}")
+    return problems
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["tiny", "hybrid", "small"])
