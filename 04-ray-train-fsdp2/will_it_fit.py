@@ -270,16 +270,19 @@ def peak_bytes(model, strategy: str, args, params: int, grads: int, optimizer: i
     """(device, host) at the peak. The step's forward and backward hold the weights, AdamW's state (from the second
     step on) and the activations, plus what the strategy adds: DDP a bucket copy of every gradient, FSDP the
     gathered weights of the unit that runs and of the next one, prefetched (and the root's, kept gathered). The
-    optimizer step holds the gradients and AdamW's temporary (one more copy of the decayed weights' size)."""
+    optimizer step holds the gradients and AdamW's temporary (one more copy of the decayed weights' size). Under
+    --grad-accum-steps, the micro-batches after the first run beside the gradients summed so far, whole (FSDP
+    reduce-scatters them in the last one only)."""
     n, total = args.num_workers, 4 * sum(p.numel() for p in model.parameters())
+    accumulated = total if args.grad_accum_steps > 1 else 0
     if strategy == "ddp":
-        return params + total + optimizer + max(activations, 2 * grads), 0
+        return params + total + optimizer + max(activations + accumulated, 2 * grads), 0
     sizes = [4 * sum(fsdp2_padded_numel(p, n) for p in unit) for unit in units(model, args.block)]
     weight_bytes = 2 if strategy == "fsdp2" and args.mixed_precision else 4
     gathered = (2 * max(sizes[:-1]) + sizes[-1]) * weight_bytes // 4
     if strategy == "fsdp2" and args.cpu_offload:
-        return activations + gathered + max(sizes[:-1]), params + grads + optimizer
-    return params + optimizer + max(activations + gathered, 2 * grads), 0
+        return activations + gathered + max(sizes[:-1]) + accumulated, params + grads + optimizer
+    return params + optimizer + max(activations + gathered + accumulated, 2 * grads), 0
 
 
 def describe(model, args) -> str:
