@@ -298,7 +298,8 @@ def mib(nbytes: float) -> str:
 
 
 def memory_table(estimates: list, args) -> str:
-    lines = ["memory per rank (MiB) | parameters | gradients | optimizer state | activations | peak | in host memory",
+    lines = ["memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | gradients | "
+             "optimizer state | activations | peak | in host memory",
              "--- | ---: | ---: | ---: | ---: | ---: | ---:"]
     for e in estimates:
         lines.append(f"{label(e, args)} | {mib(e.params)} | {mib(e.grads)} | {mib(e.optimizer)} | "
