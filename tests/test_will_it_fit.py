@@ -2,13 +2,13 @@
 estimate of `tiny` matches a fresh 2-process gloo run (and a wrong formula does not), and `giant` on 8 ranks answers
 in seconds without allocating the model."""
 import json
-import subprocess
 import sys
 
 import pytest
 
 from checks import load_script
 from conftest import ROOT
+from processes import run
 from suite_rules import time_limit
 
 SCRIPT = "04-ray-train-fsdp2/will_it_fit.py"
@@ -82,9 +82,9 @@ def test_giant_on_8_ranks_answers_in_seconds_without_allocating_it():
     # took: its time on an idle machine, which a suite sharing 2 cores would not give as wall time.
     code = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
             "r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_maxrss, r.ru_utime + r.ru_stime)")
-    result = subprocess.run([sys.executable, "-c", code, str(ROOT / SCRIPT), "--model", "giant", "--num-workers", "8",
-                             "--strategy", "fsdp2", "--mixed-precision", "--cpu-offload", "--memory-per-device",
-                             "80GiB"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = run([sys.executable, "-c", code, str(ROOT / SCRIPT), "--model", "giant", "--num-workers", "8",
+                  "--strategy", "fsdp2", "--mixed-precision", "--cpu-offload", "--memory-per-device", "80GiB"],
+                 timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert "1,020,129,802 parameters" in lines[0]
