@@ -176,6 +176,8 @@ TIER = {
          "test_it_trains_on_both_nodes_each_worker_on_a_disjoint_shard_in_a_new_order_every_epoch"),
     "03-ray-train-fsdp/train_ray_fsdp.py": ("test_smoke", "test_ray_steps_train_in_local_mode"),
     "04-ray-train-fsdp2/train_ray_fsdp2.py": ("test_smoke", "test_ray_steps_train_in_local_mode"),
+    "04-ray-train-fsdp2/will_it_fit.py":
+        ("test_will_it_fit", "test_giant_on_8_ranks_answers_in_seconds_without_allocating_it"),
     "05-ray-tune/tune_ray_ddp.py": ("test_smoke", "test_tune_sweep_runs_its_trials_and_reports_them"),
     "06-ray-data-inference/batch_inference.py":
         ("test_smoke", "test_batch_inference_reproduces_the_single_machine_runs_accuracy"),

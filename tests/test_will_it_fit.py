@@ -77,6 +77,7 @@ def test_an_optimizer_state_not_sharded_is_caught(validation, tiny_run, monkeypa
     assert any("optimizer" in p for p in problems), problems
 
 
+@pytest.mark.smoke  # the script, run once as an attendee runs it
 def test_giant_on_8_ranks_answers_in_seconds_without_allocating_it():
     # The script's own process reports its peak resident memory (ru_maxrss, KiB on Linux) and the CPU seconds it
     # took: its time on an idle machine, which a suite sharing 2 cores would not give as wall time.
