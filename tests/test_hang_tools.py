@@ -3,9 +3,11 @@ collective"; labs 07-hang-*): what each prints for a real mismatch between 2 pro
 the ladder the docs and the labs teach quotes what the tools print here, and says which do not work on gloo."""
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from processes import ROOT, kill_tree, start
 
 pytestmark = pytest.mark.upstream
 MISMATCH = "tests/mismatch.py"
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # the venv's, not activated
 
 
 def start_pair(kind: str, folder, **env) -> list[subprocess.Popen]:
@@ -108,7 +111,7 @@ def test_py_spy_dump_shows_the_line_each_rank_waits_on(tmp_path):
             assert time.monotonic() < deadline and all(rank.poll() is None for rank in ranks), "the ranks never waited"
             time.sleep(0.2)
         time.sleep(1)  # into the collective
-        stacks = [subprocess.run(["py-spy", "dump", "--pid", str(rank.pid)], capture_output=True, text=True,
+        stacks = [subprocess.run([PY_SPY, "dump", "--pid", str(rank.pid)], capture_output=True, text=True,
                                  timeout=60).stdout for rank in ranks]
     finally:
         for rank in ranks:
