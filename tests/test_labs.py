@@ -399,6 +399,16 @@ def test_a_check_watches_common_however_the_lab_imports_it(request, tmp_path, la
         assert lines[wrong.check - 1].startswith("FAIL") and wrong.failure in lines[wrong.check - 1], result.stdout
 
 
+@pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
+def test_a_clinic_labs_truth_is_the_line_of_its_collective(lab):
+    """The line a diagnosis must name moves with any line added above it (the docstring's too): it still holds the
+    collective (DDP's all-reduce runs in backward), so the check's truth is the starting file's."""
+    truth = importlib.import_module(LABS[lab].checks).TRUTH
+    line = lab_file(lab).read_text().splitlines()[truth["line"] - 1].strip()
+    assert line.startswith(f"dist.{truth['collective']}(") or (truth["collective"], line) == ("all_reduce",
+                                                                                              "loss.backward()"), line
+
+
 def hint_of(stdout: str, line: str) -> str:
     """The hint printed under a failed check's line."""
     after = stdout.split(line, 1)[1].lstrip("\n")

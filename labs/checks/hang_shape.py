@@ -3,7 +3,7 @@ from labs.checks import clinic
 
 CHECKS = clinic.CHECKS
 # Where the untouched labs/07_hang_shape.py waits (tests/test_labs.py checks that its run shows it).
-TRUTH = dict(rank=1, collective="all_gather", line=85)  # rank 1: 63 images in its last batch, rank 0 64
+TRUTH = dict(rank=1, collective="all_gather", line=86)  # rank 1: 63 images in its last batch, rank 0 64
 
 
 def run(lab_file) -> list:

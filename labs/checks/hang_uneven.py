@@ -3,7 +3,7 @@ from labs.checks import clinic
 
 CHECKS = clinic.CHECKS
 # Where the untouched labs/07_hang_uneven.py waits (tests/test_labs.py checks that its run shows it).
-TRUTH = dict(rank=0, collective="all_reduce", line=61)  # DDP's, in backward
+TRUTH = dict(rank=0, collective="all_reduce", line=62)  # DDP's, in backward
 
 
 def run(lab_file) -> list:

@@ -19,7 +19,7 @@ EVAL_BATCH = 64
 
 # The rank whose tensor has another shape than the other rank's, that collective (as torch.distributed names it),
 # and the number of the line in this file where it is called.
-DIAGNOSIS = dict(rank=1, collective="all_gather", line=85)
+DIAGNOSIS = dict(rank=1, collective="all_gather", line=86)
 
 
 def main(args) -> list[dict]:

@@ -16,7 +16,7 @@ from common.training import evaluate, make_optimizer
 
 # The rank that runs a step the other rank never runs, the collective it waits in there (as torch.distributed names
 # it), and the number of the line in this file where it waits.
-DIAGNOSIS = dict(rank=0, collective="all_reduce", line=61)
+DIAGNOSIS = dict(rank=0, collective="all_reduce", line=62)
 
 
 def main(args) -> list[dict]:
