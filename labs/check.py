@@ -39,6 +39,13 @@ LABS = {
               ray=True),
     "06": Lab("06_predictor.py", "labs.checks.predictor", "classify with Ray Data, loading the model once per actor",
               ray=True),
+    "hang-rank0": Lab("07_hang_rank0.py", "labs.checks.hang_rank0",
+                      "the hang clinic: a run that stops after its first epoch; diagnose which rank waits, fix it"),
+    "hang-uneven": Lab("07_hang_uneven.py", "labs.checks.hang_uneven",
+                       "the hang clinic: a run whose ranks read uneven shards; diagnose which rank waits, fix it"),
+    "hang-shape": Lab("07_hang_shape.py", "labs.checks.hang_shape",
+                      "the hang clinic: a run that fails gathering its evaluation; diagnose which rank's shape "
+                      "differs, fix it"),
 }
 
 

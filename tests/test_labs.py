@@ -3,6 +3,7 @@ teaches; on its solution, every check passes; and what a solution adds to its st
 code for that lesson."""
 import argparse
 import ast
+import importlib
 import re
 import socket
 import subprocess
@@ -51,6 +52,15 @@ STARTING_FAILURES = {
     "06": [re.compile(r"the model ran in \d process\(es\) that are not actors"),
            re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
            "the output rows have columns ['predicted', 'probability']: no id and label say which image"],
+    "hang-rank0": ["DIAGNOSIS is not filled in",
+                   "the run hung: RuntimeError: Timed out waiting 10000ms for recv operation to complete",
+                   "the run did not finish (above)"],
+    "hang-uneven": ["DIAGNOSIS is not filled in",
+                    "the run hung: RuntimeError: Timed out waiting 10000ms for recv operation to complete",
+                    "the run did not finish (above)"],
+    # gloo aborts the rank that receives more bytes than its tensor holds; the other reads its peer's end
+    "hang-shape": ["DIAGNOSIS is not filled in", re.compile(r"the run hung: RuntimeError: .* (reset|closed) by peer"),
+                   "the run did not finish (above)"],
 }
 # The step script whose lesson each lab is.
 STEP_SCRIPTS = {
@@ -144,6 +154,9 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, ran_earl
     assert len(lines) == len(STARTING_FAILURES[lab]), result.stdout
     for line, failure in zip(lines, STARTING_FAILURES[lab], strict=True):
         assert line.startswith("FAIL") and shows(line, failure), (line, failure)
+    if lab.startswith("hang-"):  # the clinic's truth is where the untouched file's traceback says it waits
+        truth = importlib.import_module(LABS[lab].checks).TRUTH
+        assert f'{LABS[lab].file}", line {truth["line"]}, in' in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("lab", [on_time(lab) for lab in LABS])
@@ -342,6 +355,51 @@ WRONG_ANSWERS = {
         WrongAnswer("a step every micro-batch", [("        if not last_micro_batch:\n            continue\n", "")],
                     1, "8 optimizer steps for 4 batches of 2 micro-batches", "after its last micro-batch's backward"),
     ],
+    "hang-rank0": [
+        WrongAnswer("the loss never reduced", [
+            ("        dist.reduce(loss_sum, dst=0)  # a collective: every rank calls it, rank 0 alone receives the "
+             "sum\n", "")],
+                    3, "epoch 1: rank 0 logged train loss", "every rank calls the collective that sums it"),
+        WrongAnswer("a barrier on rank 1 while rank 0 reduces", [
+            ("                                test_accuracy=correct / counted))\n",
+             "                                test_accuracy=correct / counted))\n"
+             "        else:\n            dist.barrier()  # while rank 0 logs\n")],
+                    2, "the run hung", "the same collectives, in the same order", of_the_starting_file=True),
+        WrongAnswer("the rank that never came, not the one that waits", [
+            ('DIAGNOSIS = dict(rank=0,', 'DIAGNOSIS = dict(rank=1,')],
+                    1, "DIAGNOSIS's rank is not where the untouched file waits", "shows the line it waits on"),
+    ],
+    "hang-uneven": [
+        WrongAnswer("every rank cut to the shorter shard", [
+            ("        for images, labels, ids in map(train_set.__getitem__, "
+             "mine.split(args.batch_size // world_size)):",
+             "        steps = torch.tensor(len(mine) // (args.batch_size // world_size))\n"
+             "        dist.all_reduce(steps, op=dist.ReduceOp.MIN)\n"
+             "        batches = mine.split(args.batch_size // world_size)[:int(steps)]\n"
+             "        for images, labels, ids in map(train_set.__getitem__, batches):")],
+                    3, "rank 0 took 6 optimizer steps; 1 process takes 8", "splits every batch over the ranks",
+                    of_the_starting_file=True),
+        WrongAnswer("the extra step dropped on rank 0 only", [
+            ("        loss_sum = torch.zeros((), device=device)\n",
+             "        loss_sum = torch.zeros((), device=device)\n"
+             "        if rank == 0:\n            mine = mine[:-(args.batch_size // world_size)]\n")],
+                    2, "the run hung", "the same collectives, in the same order", of_the_starting_file=True),
+        WrongAnswer("a barrier before the epoch's reduce", [
+            ("        tally = evaluate(", "        dist.barrier()\n        tally = evaluate(")],
+                    2, "the run hung", "the same collectives, in the same order", of_the_starting_file=True),
+    ],
+    "hang-shape": [
+        WrongAnswer("the padding counted", [("(hits >= 0).sum().item()", "len(hits)")],
+                    3, "epoch 1: rank 0 logged test accuracy", "padding that evens the ranks' shapes must not be"),
+        WrongAnswer("both shards cut to the shorter", [
+            ("    for batch in shard.split(EVAL_BATCH):",
+             "    for batch in shard[:len(labels) // world_size].split(EVAL_BATCH):")],
+                    3, "epoch 1: rank 0 logged test accuracy", "each counted once", of_the_starting_file=True),
+        WrongAnswer("rank 0's own hits, nothing gathered", [
+            ("        everyone = [torch.empty_like(mine) for _ in range(world_size)]\n"
+             "        dist.all_gather(everyone, mine)\n        hits += everyone\n", "        hits.append(mine)\n")],
+                    3, "epoch 1: rank 0 logged test accuracy", "every image's", of_the_starting_file=True),
+    ],
 }
 
 
@@ -381,6 +439,16 @@ def imported_otherwise(source: str) -> str:
         words = [name.strip() for name in names.split("#")[0].split(",")]
         source = re.sub(rf"(?<![.\w])({'|'.join(words)})\b", rf"shared_{module}.\1", source)
     return source
+
+
+@pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
+def test_a_clinic_labs_truth_is_the_line_of_its_collective(lab):
+    """The line a diagnosis must name moves with any line added above it (the docstring's too): it still holds the
+    collective (DDP's all-reduce runs in backward), so the check's truth is the starting file's."""
+    truth = importlib.import_module(LABS[lab].checks).TRUTH
+    line = lab_file(lab).read_text().splitlines()[truth["line"] - 1].strip()
+    assert line.startswith(f"dist.{truth['collective']}(") or (truth["collective"], line) == ("all_reduce",
+                                                                                              "loss.backward()"), line
 
 
 def hint_of(stdout: str, line: str) -> str:

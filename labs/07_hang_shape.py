@@ -1,0 +1,89 @@
+"""Hang clinic 3: the run fails as its first evaluation ends. Find which rank's collective differs, and fix it.
+
+    python -m labs.check hang-shape
+
+Each rank predicts its shard of the test set in batches and rank 0 counts every rank's hits, gathered batch by
+batch. The check runs main() in 2 processes whose collectives time out after 10 s. Climb the ladder
+(TROUBLESHOOTING.md, "The run hangs: which rank waits on which collective"), in the order a professional would:
+1. the timeout's message and traceback: which line each rank was on when its collective gave up;
+2. `dist.monitored_barrier(timeout=...)` before the suspect line (gloo only): it names the rank that never came;
+3. `TORCH_DISTRIBUTED_DEBUG=DETAIL python -m labs.check hang-shape`: each rank's op and shapes side by side;
+4. `py-spy dump --pid PID` on each rank while it waits (`ps aux | grep labs.rank`; run the check with
+   LABS_HANG_TIMEOUT_S=120 to wait that long): the line of each stack.
+(The Flight Recorder is NCCL's: on gloo nothing dumps it on a timeout, tests/test_hang_tools.py.)
+
+On NCCL this bug hangs or corrupts; gloo fails at once, but its message names no shape: step 3 does.
+Then fill in DIAGNOSIS (its line as this file has it now: the line numbers do not move if you edit only the dict)
+and fix the code: rank 0's accuracy must be every test image's, each counted once.
+A solution: labs/solutions/07_hang_shape.py.
+"""
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from common.data import augment_batch, load_data
+from common.model import build_model
+from common.training import make_optimizer, predict
+
+EVAL_BATCH = 64
+
+# The rank whose tensor has another shape than the other rank's, that collective (as torch.distributed names it),
+# and the number of the line in this file where it is called.
+DIAGNOSIS = dict(rank=None, collective=None, line=None)
+
+
+def main(args) -> list[dict]:
+    """Runs in each of 2 processes; returns each epoch's train loss and test accuracy (rank 0's log)."""
+    dist.init_process_group("gloo")
+    try:
+        return train(args, dist.get_rank(), dist.get_world_size(), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def train(args, rank, world_size, device) -> list[dict]:
+    data = load_data(args.data, args.data_dir, args.eval_images)
+    train_set = data.train_set()
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size // world_size, sampler=sampler, drop_last=True)
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(build_model(args.model).to(device))
+    optimizer = make_optimizer(model, args, device)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    history = []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        loss_sum = torch.zeros((), device=device)
+        for images, labels, ids in itertools.islice(train_loader, args.steps_per_epoch):
+            optimizer.zero_grad(set_to_none=True)
+            images = augment_batch(images.to(device), ids.to(device), epoch, args.seed)
+            loss = criterion(model(images), labels.to(device))
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()
+        dist.reduce(loss_sum, dst=0)  # the losses summed on rank 0, which writes the log
+        accuracy = evaluate(model, data.test_images, data.test_labels, rank, world_size)
+        if rank == 0:
+            history.append(dict(epoch=epoch + 1, train_loss=loss_sum.item() / args.steps_per_epoch / world_size,
+                                test_accuracy=accuracy))
+    return history
+
+
+@torch.no_grad()
+def evaluate(model, images, labels, rank, world_size) -> float:
+    """The accuracy over the whole test set, on rank 0: each rank predicts its shard (images rank::world_size), a
+    batch at a time, and every rank's hits are gathered."""
+    model.eval()
+    shard = torch.arange(len(labels))[rank::world_size]
+    hits = []
+    for batch in shard.split(EVAL_BATCH):
+        mine = (predict(model, images[batch]).argmax(1) == labels[batch]).long()
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        hits += everyone
+    model.train()
+    return torch.cat(hits).float().mean().item()

@@ -1,0 +1,10 @@
+"""Hang clinic 1's checks (labs/checks/clinic.py): rank 0 alone reduces the epoch's loss."""
+from labs.checks import clinic
+
+CHECKS = clinic.CHECKS
+# Where the untouched labs/07_hang_rank0.py waits (tests/test_labs.py checks that its run shows it).
+TRUTH = dict(rank=0, collective="reduce", line=68)
+
+
+def run(lab_file) -> list:
+    return clinic.run(lab_file, TRUTH)

@@ -1,0 +1,10 @@
+"""Hang clinic 3's checks (labs/checks/clinic.py): the last, smaller batch's hits gathered."""
+from labs.checks import clinic
+
+CHECKS = clinic.CHECKS
+# Where the untouched labs/07_hang_shape.py waits (tests/test_labs.py checks that its run shows it).
+TRUTH = dict(rank=1, collective="all_gather", line=86)  # rank 1: 63 images in its last batch, rank 0 64
+
+
+def run(lab_file) -> list:
+    return clinic.run(lab_file, TRUTH)
