@@ -156,7 +156,10 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, ran_earl
         assert line.startswith("FAIL") and shows(line, failure), (line, failure)
     if lab.startswith("hang-"):  # the clinic's truth is where the untouched file's traceback says it waits
         truth = importlib.import_module(LABS[lab].checks).TRUTH
-        assert f'{LABS[lab].file}", line {truth["line"]}, in' in result.stderr, result.stderr[-3000:]
+        shown = f'{LABS[lab].file}", line {truth["line"]}, in' in result.stderr
+        # Or gloo ended the rank at that collective at once, with no traceback (the other rank may have gone on).
+        aborted = lab == "hang-shape" and "Received data size doesn't match expected size" in result.stderr
+        assert shown or aborted, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("lab", [on_time(lab) for lab in LABS])
