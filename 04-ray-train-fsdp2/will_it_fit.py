@@ -1,19 +1,22 @@
-"""Will it fit? Memory per rank and communication per optimizer step of DDP, FSDP1 and FSDP2, from the model's shapes
-alone: the model is built of fake tensors (torch's FakeTensorMode: shapes and dtypes, no data), and nothing it would
-hold is allocated.
+"""Will it fit? Memory per rank and communication per optimizer step of DDP, FSDP1 and FSDP2, from
+the model's shapes alone: the model is built of fake tensors (torch's FakeTensorMode: shapes and
+dtypes, no data), and nothing it would hold is allocated.
 
     python 04-ray-train-fsdp2/will_it_fit.py --num-workers 2
-    python 04-ray-train-fsdp2/will_it_fit.py --model giant --num-workers 8 --mixed-precision --memory-per-device 80GiB
-    python 04-ray-train-fsdp2/will_it_fit.py --module torchvision.models:resnet50 --block Bottleneck \
-        --input-shape 3,224,224
+    python 04-ray-train-fsdp2/will_it_fit.py --model giant --num-workers 8 --mixed-precision \
+        --memory-per-device 80GiB
+    python 04-ray-train-fsdp2/will_it_fit.py --module torchvision.models:resnet50 \
+        --block Bottleneck --input-shape 3,224,224
 
-Parameters, gradients and AdamW's state are counted from the shapes as each strategy shards them (FSDP2 splits every
-parameter on dim 0, padded to a multiple of the ranks; FSDP1 one flat vector per unit, padded too). Activations are
-measured: one forward pass of fake tensors, adding up the bytes of the tensors autograd saves for backward. How
-close this comes to real runs, and what "peak" means: benchmarks/published/will-it-fit/results.md. The flags that
-change memory are step 04's (FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the steps run on CPUs (on GPUs
-they autocast to bf16, whose activations are about the FSDP2 (bf16) row's).
+Parameters, gradients and AdamW's state are counted from the shapes as each strategy shards them
+(FSDP2 splits every parameter on dim 0, padded to a multiple of the ranks; FSDP1 one flat vector per
+unit, padded too). Activations are measured: one forward pass of fake tensors, adding up the bytes
+of the tensors autograd saves for backward. How close this comes to real runs, and what "peak"
+means: benchmarks/published/will-it-fit/results.md. The flags that change memory are step 04's
+(FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the steps run on CPUs (on GPUs they
+autocast to bf16, whose activations are about the FSDP2 (bf16) row's).
 """
+
 import argparse
 import importlib
 import math
@@ -31,10 +34,24 @@ from common.flags import Parser  # noqa: E402
 from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
-ADAMW_STEP_BYTES = 4  # AdamW keeps a float32 step count per parameter tensor, beside its two moments
-FSDP1_ALIGNMENT_BYTES = 16  # FSDP1 (use_orig_params, as step 03) starts every parameter of a flat vector 16-aligned
+ADAMW_STEP_BYTES = (
+    4  # AdamW keeps a float32 step count per parameter tensor, beside its two moments
+)
+FSDP1_ALIGNMENT_BYTES = (
+    16  # FSDP1 (use_orig_params, as step 03) starts every parameter of a flat vector 16-aligned
+)
 DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (bucket_cap_mb)
-UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+UNITS = {
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 @dataclass
@@ -64,18 +81,35 @@ def main():
 
 def parse_args(argv=None):
     p = Parser(__doc__, check=lambda parser, args: None)  # argparse, its errors on one line
-    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS, help="a preset of common/model.py")
-    p.add_argument("--module", help="any model instead: pkg.module:factory, called with no arguments")
-    p.add_argument("--input-shape", default="3,32,32", help="one example's shape, for --module (default: CIFAR)")
-    p.add_argument("--block", default=TRANSFORMER_BLOCK.__name__,
-                   help="class name of FSDP's units (default: the transformer block, as steps 03 and 04 shard)")
+    p.add_argument(
+        "--model", default=DEFAULT_PRESET, choices=PRESETS, help="a preset of common/model.py"
+    )
+    p.add_argument(
+        "--module", help="any model instead: pkg.module:factory, called with no arguments"
+    )
+    p.add_argument(
+        "--input-shape",
+        default="3,32,32",
+        help="one example's shape, for --module (default: CIFAR)",
+    )
+    p.add_argument(
+        "--block",
+        default=TRANSFORMER_BLOCK.__name__,
+        help="class name of FSDP's units (default: the transformer block, as steps 03-04 shard)",
+    )
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"])
-    p.add_argument("--mixed-precision", action="store_true", help="FSDP2: bf16 compute and all-gathers")
+    p.add_argument(
+        "--mixed-precision", action="store_true", help="FSDP2: bf16 compute and all-gathers"
+    )
     p.add_argument("--cpu-offload", action="store_true", help="FSDP2: sharded state in host memory")
     p.add_argument("--grad-accum-steps", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=128, help="global batch size, as the steps take it")
-    p.add_argument("--memory-per-device", type=memory_size, help="e.g. 80GiB, 24GB: which strategies fit")
+    p.add_argument(
+        "--batch-size", type=int, default=128, help="global batch size, as the steps take it"
+    )
+    p.add_argument(
+        "--memory-per-device", type=memory_size, help="e.g. 80GiB, 24GB: which strategies fit"
+    )
     args = p.parse_args(argv)
     check(args)
     return args
@@ -94,10 +128,15 @@ def check(args) -> None:
     if args.grad_accum_steps < 1:
         raise fail(f"--grad-accum-steps {args.grad_accum_steps} must be 1 or more")
     if args.batch_size % (args.num_workers * args.grad_accum_steps):
-        raise fail(f"--batch-size {args.batch_size} must split evenly into --num-workers {args.num_workers} x "
-                   f"--grad-accum-steps {args.grad_accum_steps} micro-batches")
+        raise fail(
+            f"--batch-size {args.batch_size} must split evenly into --num-workers "
+            f"{args.num_workers} x --grad-accum-steps {args.grad_accum_steps} micro-batches"
+        )
     if (args.mixed_precision or args.cpu_offload) and args.strategy in ("ddp", "fsdp1"):
-        raise fail("--mixed-precision and --cpu-offload are step 04's (FSDP2) flags; pass --strategy fsdp2 or all")
+        raise fail(
+            "--mixed-precision and --cpu-offload are step 04's (FSDP2) flags; "
+            "pass --strategy fsdp2 or all"
+        )
 
 
 def chosen(strategy: str) -> tuple:
@@ -105,9 +144,9 @@ def chosen(strategy: str) -> tuple:
 
 
 def build_fake(args, dtype=torch.float32) -> torch.nn.Module:
-    """The model as fake CPU tensors: built on the meta device (no initialisation), then given fake storage. Unlike
-    meta tensors, fake CPU tensors run the CPU kernels' own choices: attention saves what the real kernel does, not
-    the math fallback's attention matrix."""
+    """The model as fake CPU tensors: built on the meta device (no initialisation), then given fake
+    storage. Unlike meta tensors, fake CPU tensors run the CPU kernels' own choices: attention saves
+    what the real kernel does, not the math fallback's attention matrix."""
     with torch.device("meta"):
         model = build(args).to(dtype)
     with FakeTensorMode(allow_non_fake_inputs=True):  # the meta parameters, which to_empty replaces
@@ -137,8 +176,9 @@ def input_shape(args) -> tuple:
 
 
 def activation_bytes(args) -> int:
-    """What one micro-batch's forward pass leaves saved for backward: the tensors autograd keeps (not the weights,
-    counted already), each storage once. bf16 under --mixed-precision (FSDP2 casts weights and inputs)."""
+    """What one micro-batch's forward pass leaves saved for backward: the tensors autograd keeps
+    (not the weights, counted already), each storage once. bf16 under --mixed-precision (FSDP2 casts
+    weights and inputs)."""
     dtype = torch.bfloat16 if args.mixed_precision else torch.float32
     model = build_fake(args, dtype)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
@@ -149,29 +189,37 @@ def activation_bytes(args) -> int:
         if storage._cdata not in weights:
             saved[storage._cdata] = storage.nbytes()
         return t
+
     fake_mode = next(model.parameters()).fake_mode
     with fake_mode, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         x = torch.empty(micro_batch(args), *input_shape(args), dtype=dtype)
         try:
             model(x)
         except RuntimeError as e:
-            raise fail(f"the model's forward failed on a batch of shape {tuple(x.shape)}: {str(e).splitlines()[0]}; "
-                       "check --input-shape") from None
+            raise fail(
+                f"the model's forward failed on a batch of shape {tuple(x.shape)}: "
+                f"{str(e).splitlines()[0]}; check --input-shape"
+            ) from None
     return sum(saved.values())
 
 
 def units(model, block: str) -> list:
-    """FSDP's units as steps 03 and 04 wrap them: every --block module, then the root with what is left."""
+    """FSDP's units as steps 03 and 04 wrap them: every --block module, then the root with what is
+    left."""
     blocks = [m for m in model.modules() if type(m).__name__ == block]
     if not blocks:
-        raise fail(f"the model has no {block} module to shard; pass --block with one of its module classes")
+        raise fail(
+            f"the model has no {block} module to shard; pass --block with one of its module classes"
+        )
     inside = {id(p) for b in blocks for p in b.parameters()}
-    return [list(b.parameters()) for b in blocks] + [[p for p in model.parameters() if id(p) not in inside]]
+    return [list(b.parameters()) for b in blocks] + [
+        [p for p in model.parameters() if id(p) not in inside]
+    ]
 
 
 def fsdp2_local_numel(p, n: int, rank: int) -> int:
-    """FSDP2's shard: dim 0 cut in chunks of ceil(rows / n) (torch.chunk); the last ranks may get fewer rows, or
-    none, and all-gather the padding."""
+    """FSDP2's shard: dim 0 cut in chunks of ceil(rows / n) (torch.chunk); the last ranks may get
+    fewer rows, or none, and all-gather the padding."""
     rows = p.shape[0] if p.dim() else 1
     per_rank = math.ceil(rows / n)
     return max(0, min(per_rank, rows - rank * per_rank)) * (p.numel() // max(rows, 1))
@@ -183,8 +231,8 @@ def fsdp2_padded_numel(p, n: int) -> int:
 
 
 def fsdp1_layout(unit: list, n: int) -> tuple:
-    """A unit's flat vector (FSDP1, use_orig_params): each parameter's [start, end), every start 16-byte aligned,
-    and the vector's length padded to a multiple of n."""
+    """A unit's flat vector (FSDP1, use_orig_params): each parameter's [start, end), every start
+    16-byte aligned, and the vector's length padded to a multiple of n."""
     align = FSDP1_ALIGNMENT_BYTES // unit[0].element_size()
     spans, offset = [], 0
     for p in unit:
@@ -210,8 +258,9 @@ def local_numels(model, strategy: str, n: int, rank: int, block: str) -> list:
 
 
 def state_bytes(model, strategy: str, n: int, rank: int, block: str) -> tuple:
-    """(parameters, gradients, AdamW state) bytes of one rank, fp32: FSDP2's sharded parameters all get a gradient
-    and a state (DTensors, if empty here); FSDP1 gives one only to those with elements on this rank."""
+    """(parameters, gradients, AdamW state) bytes of one rank, fp32: FSDP2's sharded parameters all
+    get a gradient and a state (DTensors, if empty here); FSDP1 gives one only to those with
+    elements on this rank."""
     numels = local_numels(model, strategy, n, rank, block)
     params = 4 * sum(numels)
     with_state = len(numels) if strategy != "fsdp1" else sum(k > 0 for k in numels)
@@ -219,8 +268,9 @@ def state_bytes(model, strategy: str, n: int, rank: int, block: str) -> tuple:
 
 
 def collectives(model, strategy: str, args) -> dict:
-    """name -> [count, bytes handed to it] per optimizer step: all-reduce's buffer, all-gather's output,
-    reduce-scatter's input. DDP and FSDP skip the gradient sync but in the last micro-batch (no_sync)."""
+    """name -> [count, bytes handed to it] per optimizer step: all-reduce's buffer, all-gather's
+    output, reduce-scatter's input. DDP and FSDP skip the gradient sync but in the last micro-batch
+    (no_sync)."""
     n, k = args.num_workers, args.grad_accum_steps
     if strategy == "ddp":
         return {"all_reduce": [ddp_buckets(model), 4 * sum(p.numel() for p in model.parameters())]}
@@ -230,10 +280,16 @@ def collectives(model, strategy: str, args) -> dict:
     else:
         gathered = [fsdp1_layout(unit, n)[1] for unit in all_units]
     gather_bytes = 2 if strategy == "fsdp2" and args.mixed_precision else 4
-    # forward gathers every unit; backward the blocks again (the root stays gathered: reshard_after_forward=False)
+    # forward gathers every unit; backward the blocks again (the root stays gathered:
+    # reshard_after_forward=False)
     blocks = len(all_units) - 1
-    return {"all_gather": [k * (len(all_units) + blocks), k * gather_bytes * (sum(gathered) + sum(gathered[:-1]))],
-            "reduce_scatter": [len(all_units), 4 * sum(gathered)]}
+    return {
+        "all_gather": [
+            k * (len(all_units) + blocks),
+            k * gather_bytes * (sum(gathered) + sum(gathered[:-1])),
+        ],
+        "reduce_scatter": [len(all_units), 4 * sum(gathered)],
+    }
 
 
 def ddp_buckets(model) -> int:
@@ -247,8 +303,13 @@ def ddp_buckets(model) -> int:
 
 
 def ring_sent(calls: dict, n: int) -> float:
-    """Bytes one rank sends: an all-reduce 2 (n-1)/n of its buffer, an all-gather or a reduce-scatter (n-1)/n."""
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
+    """Bytes one rank sends: an all-reduce 2 (n-1)/n of its buffer, an all-gather or a
+    reduce-scatter (n-1)/n."""
+    factor = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+    }
     return sum(factor[name] * nbytes for name, (_, nbytes) in calls.items())
 
 
@@ -259,20 +320,25 @@ def estimate(model, strategy: str, args, activations: int, rank: int = 0) -> Est
     fsdp2 = strategy == "fsdp2"
     acts = activations if fsdp2 or not args.mixed_precision else activation_bytes(fp32(args))
     peak, host = peak_bytes(model, strategy, args, params, grads, optimizer, acts)
-    return Estimate(strategy, params, grads, optimizer, acts, peak, host, calls, ring_sent(calls, n))
+    return Estimate(
+        strategy, params, grads, optimizer, acts, peak, host, calls, ring_sent(calls, n)
+    )
 
 
 def fp32(args):
     return argparse.Namespace(**{**vars(args), "mixed_precision": False})
 
 
-def peak_bytes(model, strategy: str, args, params: int, grads: int, optimizer: int, activations: int) -> tuple:
-    """(device, host) at the peak. The step's forward and backward hold the weights, AdamW's state (from the second
-    step on) and the activations, plus what the strategy adds: DDP a bucket copy of every gradient, FSDP the
-    gathered weights of the unit that runs and of the next one, prefetched (and the root's, kept gathered). The
-    optimizer step holds the gradients and AdamW's temporary (one more copy of the decayed weights' size). Under
-    --grad-accum-steps, the micro-batches after the first run beside the gradients summed so far, whole (FSDP
-    reduce-scatters them in the last one only)."""
+def peak_bytes(
+    model, strategy: str, args, params: int, grads: int, optimizer: int, activations: int
+) -> tuple:
+    """(device, host) at the peak. The step's forward and backward hold the weights, AdamW's state
+    (from the second step on) and the activations, plus what the strategy adds: DDP a bucket copy of
+    every gradient, FSDP the gathered weights of the unit that runs and of the next one, prefetched
+    (and the root's, kept gathered). The optimizer step holds the gradients and AdamW's temporary
+    (one more copy of the decayed weights' size). Under --grad-accum-steps, the micro-batches after
+    the first run beside the gradients summed so far, whole (FSDP reduce-scatters them in the last
+    one only)."""
     n, total = args.num_workers, 4 * sum(p.numel() for p in model.parameters())
     accumulated = total if args.grad_accum_steps > 1 else 0
     if strategy == "ddp":
@@ -287,10 +353,15 @@ def peak_bytes(model, strategy: str, args, params: int, grads: int, optimizer: i
 
 def describe(model, args) -> str:
     count = sum(p.numel() for p in model.parameters())
-    flags = [f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload)) if on]
+    flags = [
+        f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload)) if on
+    ]
     precision = "FSDP2: " + ", ".join(flags) if flags else "fp32"
-    return (f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x {micro_batch(args)} "
-            f"examples x {args.grad_accum_steps} micro-batches per step | {precision}")
+    return (
+        f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x "
+        f"{micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
+        f"{precision}"
+    )
 
 
 def mib(nbytes: float) -> str:
@@ -298,25 +369,36 @@ def mib(nbytes: float) -> str:
 
 
 def memory_table(estimates: list, args) -> str:
-    lines = ["memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | gradients | "
-             "optimizer state | activations | peak | in host memory",
-             "--- | ---: | ---: | ---: | ---: | ---: | ---:"]
+    lines = [
+        "memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | "
+        "gradients | optimizer state | activations | peak | in host memory",
+        "--- | ---: | ---: | ---: | ---: | ---: | ---:",
+    ]
     for e in estimates:
-        lines.append(f"{label(e, args)} | {mib(e.params)} | {mib(e.grads)} | {mib(e.optimizer)} | "
-                     f"{mib(e.activations)} | {mib(e.peak)} | {mib(e.host)}")
+        lines.append(
+            f"{label(e, args)} | {mib(e.params)} | {mib(e.grads)} | {mib(e.optimizer)} | "
+            f"{mib(e.activations)} | {mib(e.peak)} | {mib(e.host)}"
+        )
     return "\n".join(lines)
 
 
 def label(e: Estimate, args) -> str:
-    return e.strategy.upper() + (" (bf16)" if e.strategy == "fsdp2" and args.mixed_precision else "") + \
-        (" (offload)" if e.strategy == "fsdp2" and args.cpu_offload else "")
+    return (
+        e.strategy.upper()
+        + (" (bf16)" if e.strategy == "fsdp2" and args.mixed_precision else "")
+        + (" (offload)" if e.strategy == "fsdp2" and args.cpu_offload else "")
+    )
 
 
 def communication_table(estimates: list, args) -> str:
-    lines = ["communication per step | collectives (count: MiB handed over) | sent per rank (ring)",
-             "--- | --- | ---:"]
+    lines = [
+        "communication per step | collectives (count: MiB handed over) | sent per rank (ring)",
+        "--- | --- | ---:",
+    ]
     for e in estimates:
-        calls = ", ".join(f"{name} ({count}: {mib(nbytes)})" for name, (count, nbytes) in e.collectives.items())
+        calls = ", ".join(
+            f"{name} ({count}: {mib(nbytes)})" for name, (count, nbytes) in e.collectives.items()
+        )
         lines.append(f"{label(e, args)} | {calls} | {mib(e.sent)} MiB")
     return "\n".join(lines)
 
@@ -325,10 +407,15 @@ def verdict(estimates: list, memory: int) -> str:
     fits = [e for e in estimates if e.peak <= memory]
     names = ", ".join(e.strategy.upper() for e in fits) or "none"
     if not fits:
-        return f"on {mib(memory)} MiB per device: none fits; add workers, --mixed-precision, --cpu-offload or " \
-               "--grad-accum-steps (smaller micro-batches)"
+        return (
+            f"on {mib(memory)} MiB per device: none fits; add workers, --mixed-precision, "
+            "--cpu-offload or --grad-accum-steps (smaller micro-batches)"
+        )
     cheapest = min(fits, key=lambda e: (e.sent, e.peak))
-    return f"on {mib(memory)} MiB per device: fits {names}; cheapest (fewest bytes sent): {cheapest.strategy.upper()}"
+    return (
+        f"on {mib(memory)} MiB per device: fits {names}; "
+        f"cheapest (fewest bytes sent): {cheapest.strategy.upper()}"
+    )
 
 
 if __name__ == "__main__":
