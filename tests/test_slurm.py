@@ -155,7 +155,7 @@ def submit(script: str, folder: Path, env: dict, lane, *flags: str) -> dict:
                 output=output.read_text() if output.exists() else "(no output)")
 
 
-@takes(120)  # 76 s on the 2-core Zen 5 beside two other jobs (2026-11-28)
+@takes(100)  # 67 and 70 s in the full suite, 76 s alone beside two other jobs (AMD EPYC Zen 5, 2026-11-28)
 def slurm_jobs(folder: Path, lane) -> dict:
     """The cluster, then step 01's job and step 02's, one after the other: {script: its outcome}."""
     with slurm_cluster(folder, lane) as env:
