@@ -17,6 +17,7 @@ import pytest
 
 from conftest import SMOKE
 from early import takes
+from labs.harness import free_port
 from processes import kill_tree
 
 pytestmark = pytest.mark.slurm
@@ -30,13 +31,12 @@ def have_slurm() -> bool:
 
 
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """count different ports, as the labs' rendezvous take theirs (labs.harness.free_port): below the range from
+    which connections are given theirs."""
+    ports = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return list(ports)
 
 
 def configuration(folder: Path) -> str:
