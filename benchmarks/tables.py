@@ -171,7 +171,7 @@ def path_table(results: dict) -> list:
     rows = [
         ["[01](01-vanilla-pytorch-ddp/README.md)", "`train_single_machine.py`, then `train_ddp.py` under torchrun",
          f"{minutes('single_machine')} + {minutes('ddp')}", "the baseline, then everything plain DDP makes you write",
-         "[01](labs/README.md#the-labs)"],
+         "[01](labs/README.md#the-labs), [the hang clinic](labs/README.md#the-hang-clinic)"],
         ["[02](02-ray-train-ddp/README.md)", "`train_ray_ddp.py` (and a Ray Data variant)", minutes("ray_ddp"),
          "what Ray Train takes off your hands, and what it does not", "[02, 02-hang](labs/README.md#the-labs)"],
         ["[03](03-ray-train-fsdp/README.md)", "`train_ray_fsdp.py`", minutes("ray_fsdp"),
