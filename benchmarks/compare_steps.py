@@ -270,7 +270,8 @@ def command(run: Run, args, address: str | None) -> list:
     at = ["--address", address] if address else []
     if run.step in ("inference", "ray_tune"):  # their own data defaults; their tables go to a scratch folder
         data = (["--data", args.data] if run.step == "inference" else []) + data_dir  # step 05 tunes on its split
-        return [sys.executable, script, *data, *run.flags, "--out", tempfile.mkdtemp(prefix=f"bench-{run.name}-"), *at]
+        scratch = Path(tempfile.gettempdir()) / f"bench-{run.name}-{os.getpid()}"  # execute removes it
+        return [sys.executable, script, *data, *run.flags, "--out", str(scratch), *at]
     if run.section == "recipe":  # the steps' defaults, model included
         return [sys.executable, script, "--data", args.data, *data_dir, *run.flags]
     if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
@@ -313,6 +314,8 @@ def execute(run: Run, cmd: list, log_path: Path) -> None:
         returncode = process.wait()
     if not run.checkpoint_dir:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # a giant model's checkpoints are tens of GB
+    if "--out" in cmd:  # steps 05's and 06's own tables (command)
+        shutil.rmtree(cmd[cmd.index("--out") + 1], ignore_errors=True)
     if returncode or summary is None:
         run.status, run.error = "failed", last_error_line(log_path)
         return

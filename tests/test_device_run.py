@@ -26,8 +26,12 @@ def results_of(out) -> tuple:
 
 @pytest.mark.timeout(240)
 def test_the_dry_run_checks_every_planned_command_runs_two_and_writes_the_schema(tmp_path):
-    result = python("benchmarks/device_run.py", "--dry-run", "--out", str(tmp_path), timeout=200)
+    scratch = tmp_path / "tmp"  # the temporary folder of its runs: none of its own left there (torchrun leaves its)
+    scratch.mkdir()
+    result = python("benchmarks/device_run.py", "--dry-run", "--out", str(tmp_path), timeout=200,
+                    env={"TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not list(scratch.glob("bench-*")) and not list(scratch.glob("device-run-*"))
     assert f"table: {tmp_path / 'results.md'}" in result.stdout
 
     results, runs = results_of(tmp_path)
