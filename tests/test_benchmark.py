@@ -1,6 +1,7 @@
 """The benchmark runs the steps side by side and writes a table (tiny settings, no timing claims)."""
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -197,3 +198,24 @@ def test_lab_times_records_each_checks_verdict_time_and_load(monkeypatch):
     assert calls[0][-3:] == ["04", "--file", "labs/solutions/04_fully_shard.py"]
     assert {k: run[k] for k in ("lab", "file", "exit_code", "passed", "load_before")} == dict(
         lab="04", file="solution", exit_code=1, passed="2 of 3", load_before=0.25)
+
+
+def test_lab_times_starts_as_an_attendee_does_with_no_reference_run_kept(monkeypatch, tmp_path):
+    """The untouched file's check makes the lab's reference runs, as at the workshop's start: the runs kept on this
+    machine (LABS_CACHE) are not read."""
+    lab_times = load_script("benchmarks/lab_times.py")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "recipe-2-epochs-0123456789abcdef.pt").write_bytes(b"kept")
+    monkeypatch.setenv("LABS_CACHE", str(kept))
+    caches = []
+
+    def check(lab, solution):
+        caches.append((os.environ["LABS_CACHE"], sorted(os.listdir(os.environ["LABS_CACHE"]))))
+        return dict(lab=lab, file="solution" if solution else "untouched", seconds=1.0, exit_code=0, passed="1 of 1",
+                    load_before=0.0)
+
+    monkeypatch.setattr(lab_times, "time_check", check)
+    monkeypatch.setattr(sys, "argv", ["lab_times.py", "--labs", "01", "--out", str(tmp_path / "out")])
+    lab_times.main()
+    assert len(caches) == 2 and caches[0] == caches[1] and caches[0][0] != str(kept) and caches[0][1] == []
