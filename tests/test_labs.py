@@ -4,6 +4,7 @@ code for that lesson."""
 import argparse
 import ast
 import importlib
+import os
 import re
 import socket
 import subprocess
@@ -78,7 +79,9 @@ UNLIKE_THE_SCRIPT = {
            "return trainer.fit()"},
 }
 STEP_05 = "05-ray-tune/tune_ray_ddp.py"
-EARLY_LAB = "05"  # its checks run early (lab05_checks)
+# The Ray labs whose checks mostly wait (on Ray starting processes, on reports, on a collective's timeout): they run
+# early (early_lab_checks), and the other tests use the cores meanwhile.
+EARLY_LABS = ("02-hang", "05", "06")
 STEP_06 = "06-ray-data-inference/batch_inference.py"
 # The checks' budget is 60 s on 2 cores; the tests leave room for a machine shared with other work.
 CHECK_TIMEOUT_S = 280  # within pytest-timeout's 300 s per test
@@ -96,15 +99,16 @@ def reference_runs_of_this_suite(tmp_path_factory):
 @pytest.fixture
 @time_limit(3600)  # the early run's own deadline bounds the wait
 def ran_early(request) -> dict | None:
-    """What lab05_checks printed, for a test marked early; None for the others, which run their check now."""
+    """What early_lab_checks printed, for a test marked early; None for the others, which run their check now."""
     return request.getfixturevalue("early_run") if request.node.get_closest_marker("early") else None
 
 
 def check(request, ran_early, lab: str, case: str, file=None) -> subprocess.CompletedProcess:
     """python -m labs.check LAB [--file FILE]; a Ray lab's on the shared test cluster, which is started once for
-    every Ray test. Lab 05's checks ran early (lab05_checks): this case's (untouched, solution, a wrong answer)."""
+    every Ray test. The checks of EARLY_LABS ran early (early_lab_checks): this case's (untouched, solution, a wrong
+    answer)."""
     if ran_early is not None:
-        return ran_early[case]
+        return ran_early[lab, case]
     return run_check(lab, file, request.getfixturevalue("ray_cluster") if LABS[lab].ray else None)
 
 
@@ -113,25 +117,31 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
     return run([sys.executable, "-m", "labs.check", lab, *flags], timeout=CHECK_TIMEOUT_S)
 
 
-@takes(560)  # 523 and 555 s in the full suite (AMD EPYC Zen 5, 2026-11-28)
-def lab05_checks(folder, lane) -> dict:
-    """Lab 05's checks, each a sweep of 3 trials (about 50 s, mostly Ray starting each trial's processes): in the
-    early lane, beside the other tests, on a two-node cluster of their own. {case: what the check printed}."""
-    files = {"untouched": None, "solution": lab_file(EARLY_LAB, "labs/solutions")}
-    for i, wrong in enumerate(WRONG_ANSWERS[EARLY_LAB]):
-        files[wrong.name] = folder / f"wrong-{i}" / LABS[EARLY_LAB].file
-        files[wrong.name].parent.mkdir()
-        files[wrong.name].write_text(wrong_answer(EARLY_LAB, wrong))
+# Lab 05's alone: 523 and 555 s in the full suite; 02-hang's and 06's checks 175 and 149 s in the other tests' lane
+# (AMD EPYC Zen 5, 2026-11-28).
+@takes(880)
+def early_lab_checks(folder, lane) -> dict:
+    """The checks of EARLY_LABS (lab 05's each a sweep of 3 trials, about 50 s): in the early lane, beside the other
+    tests, on a two-node cluster of their own, with reference runs of their own. {(lab, case): what the check
+    printed}."""
+    os.environ["LABS_CACHE"] = str(folder / "labs-cache")  # this process's, handed on to the checks
+    files = {}
+    for lab in EARLY_LABS:
+        files[lab, "untouched"], files[lab, "solution"] = None, lab_file(lab, "labs/solutions")
+        for i, wrong in enumerate(WRONG_ANSWERS[lab]):
+            files[lab, wrong.name] = folder / f"{lab}-wrong-{i}" / LABS[lab].file
+            files[lab, wrong.name].parent.mkdir()
+            files[lab, wrong.name].write_text(wrong_answer(lab, wrong))
     cluster = two_node_cluster()
     try:
-        return {case: run_check(EARLY_LAB, file, cluster.address, lane.run) for case, file in files.items()}
+        return {(lab, case): run_check(lab, file, cluster.address, lane.run) for (lab, case), file in files.items()}
     finally:
         cluster.shutdown()
 
 
 def on_time(lab: str, *values):
-    """The parameters of a test of this lab's check: marked early for lab 05 (lab05_checks)."""
-    return pytest.param(lab, *values, marks=[pytest.mark.early(run=lab05_checks)] if lab == EARLY_LAB else [])
+    """The parameters of a test of this lab's check: marked early for EARLY_LABS (early_lab_checks)."""
+    return pytest.param(lab, *values, marks=[pytest.mark.early(run=early_lab_checks)] if lab in EARLY_LABS else [])
 
 
 def verdicts(stdout: str) -> list[str]:
