@@ -3,7 +3,8 @@
     python benchmarks/lab_times.py --out benchmarks/published/lab-times   # with nothing else running
 
 `python -m labs.check LAB` (with `--file` for the solution), one after the other, timed wall clock with Python's
-start, with no reference run kept from before; the load average before each run is recorded beside it. tables.py renders the tables from results.json.
+start, with no reference run kept from before; the load average before each run is recorded beside it. tables.py
+renders the tables from results.json.
 """
 import argparse
 import json

@@ -751,8 +751,8 @@ TABLES = {
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
-        ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")), ("04", ("04", "04-accumulate")), ("05", ("05",)),
-        ("06", ("06",))]},
+        ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
+        ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},
 }
 
 
