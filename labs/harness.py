@@ -5,6 +5,7 @@ import importlib.util
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -139,19 +140,25 @@ def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[sub
 
 def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RANK_TIMEOUT_S) -> list:
     """Each rank's return value, in rank order; RunFailed if one raised or they did not end in time. A rank that
-    failed ends the others: they would wait for it in their next collective."""
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in processes):
-        if any(p.poll() for p in processes) or time.monotonic() > deadline:
-            break
+    failed ends the others, once they have had COLLECTIVE_TIMEOUT_S to fail by themselves: a rank whose peer died
+    (gloo aborts a process on a size mismatch, with no Python error) says so in its next collective."""
+    end = time.monotonic() + timeout
+    while any(p.poll() is None for p in processes) and time.monotonic() < end:
+        if any(p.poll() for p in processes):
+            end = min(end, time.monotonic() + COLLECTIVE_TIMEOUT_S)
         time.sleep(0.1)
+    ended = [p.poll() for p in processes]
     for process in processes:
         process.kill()
         process.wait()
     errors = [path.read_text().strip().splitlines()[-1] for path in sorted(folder.glob("rank*.error"))]
     if errors:
         raise RunFailed(min(errors, key=lambda error: any(sign in error.lower() for sign in HANG_SIGNS)))
-    if any(p.returncode for p in processes):
+    if failed := [(rank, code) for rank, code in enumerate(ended) if code]:
+        rank, code = failed[0]
+        how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+        raise RunFailed(f"rank {rank} ended with {how} and no Python error (its own message is above)")
+    if None in ended:
         raise RunFailed(f"the ranks timed out: they did not end within {timeout:.0f} s")
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(len(processes))]
 

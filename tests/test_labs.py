@@ -590,3 +590,22 @@ def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_give
         monkeypatch.setattr(harness.random, "sample", lambda ports, k: [taken, *sample(ports, k - 1)])
         port = harness.free_port()
     assert port != taken and 1024 < taken < 32768 and 1024 < port < 32768
+
+
+@pytest.mark.parametrize("peer, says", [
+    ("time.sleep(1); (folder / 'rank1.error').write_text('RuntimeError: Connection reset by peer')\nsys.exit(1)",
+     "RuntimeError: Connection reset by peer"),
+    ("time.sleep(3600)", "rank 0 ended with SIGABRT and no Python error")])
+def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatch, peer, says):
+    """gloo aborts a rank on a size mismatch (hang-shape): no traceback of its own. Its peer, given a collective's
+    timeout, says why it stops; one that says nothing leaves the abort named, never "the ranks timed out"."""
+    from labs import harness
+
+    monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 3)
+    code = f"import os, sys, time\nfrom pathlib import Path\nfolder = Path({str(tmp_path)!r})\n"
+    ranks = [subprocess.Popen([sys.executable, "-c", code + "os.abort()"]),
+             subprocess.Popen([sys.executable, "-c", code + peer])]
+    start = time.monotonic()
+    with pytest.raises(harness.RunFailed, match=says):
+        harness.results(ranks, tmp_path, timeout=60)
+    assert time.monotonic() - start < 10
