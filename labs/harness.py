@@ -140,11 +140,13 @@ def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[sub
 
 def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RANK_TIMEOUT_S) -> list:
     """Each rank's return value, in rank order; RunFailed if one raised or they did not end in time. A rank that
-    failed ends the others, once they have had COLLECTIVE_TIMEOUT_S to fail by themselves: a rank whose peer died
-    (gloo aborts a process on a size mismatch, with no Python error) says so in its next collective."""
+    raised ends the others at once. One that died without a Python error (gloo aborts a process on a size mismatch)
+    leaves them COLLECTIVE_TIMEOUT_S to fail by themselves: a rank whose peer died says so in its next collective."""
     end = time.monotonic() + timeout
     while any(p.poll() is None for p in processes) and time.monotonic() < end:
         if any(p.poll() for p in processes):
+            if any(folder.glob("rank*.error")):
+                break
             end = min(end, time.monotonic() + COLLECTIVE_TIMEOUT_S)
         time.sleep(0.1)
     ended = [p.poll() for p in processes]

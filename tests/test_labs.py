@@ -607,3 +607,18 @@ def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatc
     with pytest.raises(harness.RunFailed, match=says):
         harness.results(ranks, tmp_path, timeout=60)
     assert time.monotonic() - start < 10
+
+
+def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch):
+    """A rank's Python error already says why the run stopped: its peer, waiting in a collective, is ended at once,
+    not given a collective's timeout (each check of a wrong answer that hangs would wait that much longer)."""
+    from labs import harness
+
+    monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 60)
+    raises = f"import pathlib\npathlib.Path({str(tmp_path)!r}, 'rank0.error').write_text('ValueError: x')\nexit(1)"
+    ranks = [subprocess.Popen([sys.executable, "-c", raises]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])]
+    start = time.monotonic()
+    with pytest.raises(harness.RunFailed, match="ValueError: x"):
+        harness.results(ranks, tmp_path, timeout=120)
+    assert time.monotonic() - start < 10
