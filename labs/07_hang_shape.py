@@ -8,8 +8,8 @@ batch. The check runs main() in 2 processes whose collectives time out after 10 
 1. the timeout's message and traceback: which line each rank was on when its collective gave up;
 2. `dist.monitored_barrier(timeout=...)` before the suspect line (gloo only): it names the rank that never came;
 3. `TORCH_DISTRIBUTED_DEBUG=DETAIL python -m labs.check hang-shape`: each rank's op and shapes side by side;
-4. `py-spy dump --pid PID` on each rank while it waits (`ps aux | grep labs.rank`; run the check with
-   LABS_HANG_TIMEOUT_S=120 to wait that long): the line of each stack.
+4. `py-spy dump --pid PID` on each rank while it waits (`pgrep -f labs.check`: the check, then its 2 ranks; run it
+   with LABS_HANG_TIMEOUT_S=120 to wait that long): the line of each stack.
 (The Flight Recorder is NCCL's: on gloo nothing dumps it on a timeout, tests/test_hang_tools.py.)
 
 On NCCL this bug hangs or corrupts; gloo fails at once, but its message names no shape: step 3 does.

@@ -1,20 +1,25 @@
-"""What every lab's check shares: the lab's settings, loading the attendee's file, starting ranks as torchrun
-would, and the outcome of one check. Each check module (labs/checks/) holds only what its lab checks."""
+"""What every lab's check shares: the lab's settings, loading the attendee's file, starting ranks with the
+environment torchrun gives its processes, and the outcome of one check. Each check module (labs/checks/) holds
+only what its lab checks."""
 import hashlib
+import importlib
 import importlib.util
+import multiprocessing
 import os
 import random
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed.distributed_c10d as c10d
 
 from common.flags import make_parser
 
@@ -29,7 +34,7 @@ RENDEZVOUS_PORTS = range(20000, 32768)
 # Where the reference runs are kept, once per machine for the code as it is: the checks compare every try of a lab
 # with the same runs, which depend on this repository's code alone, never on the attendee's file.
 CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
-REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/rank.py", "labs/reference.py", "labs/watch.py",
+REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/reference.py", "labs/watch.py",
                   "labs/checks/*.py", "labs/solutions/*.py")
 RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy 2-core machine
 # How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
@@ -123,36 +128,56 @@ def load_lab(path):
     return module
 
 
-def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[subprocess.Popen]:
-    """world_size processes of `python -m labs.rank`, each calling entry (module:function) on the lab file, with
-    the environment torchrun gives its processes, one thread each."""
+def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[multiprocessing.Process]:
+    """world_size ranks, each calling entry (module:function) on the lab file (run_rank), with the environment
+    torchrun gives its processes, one thread each. Forked from this process, where torch and common are imported: a
+    rank starts at once, where a new interpreter would import them again (3 s of CPU each)."""
     port = free_port()
+    fork = multiprocessing.get_context("fork")
+    sys.stdout.flush(), sys.stderr.flush()  # or a rank would print this process's buffered lines again
     processes = []
     for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        env = dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                    LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
                    CUDA_VISIBLE_DEVICES="", KINETO_LOG_LEVEL="6")  # the labs run on CPUs; a quiet profiler
-        processes.append(subprocess.Popen([sys.executable, "-m", "labs.rank", entry, str(lab_file), str(folder)],
-                                          cwd=ROOT, env=env))
+        processes.append(fork.Process(target=run_rank, args=(entry, lab_file, folder, env)))
+        processes[-1].start()
     return processes
 
 
-def results(processes: list[subprocess.Popen], folder: Path, timeout: float = RANK_TIMEOUT_S) -> list:
+def run_rank(entry: str, lab_file, folder: Path, env: dict) -> None:
+    """One rank, in its forked process: saves what entry(lab_file) returns to folder/rank<r>.pt, or its traceback
+    to folder/rank<r>.error (also printed). Its process group's collectives time out after COLLECTIVE_TIMEOUT_S."""
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    # A process group's default timeout, which a rank waiting in a collective that another never joins hits.
+    c10d.default_pg_timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    module, function = entry.split(":")
+    try:
+        result = getattr(importlib.import_module(module), function)(lab_file)
+    except BaseException:
+        error = traceback.format_exc()
+        print(error, file=sys.stderr)
+        (folder / f"rank{env['RANK']}.error").write_text(error)
+        sys.exit(1)
+    torch.save(result, folder / f"rank{env['RANK']}.pt")
+
+
+def results(processes: list[multiprocessing.Process], folder: Path, timeout: float = RANK_TIMEOUT_S) -> list:
     """Each rank's return value, in rank order; RunFailed if one raised or they did not end in time. A rank that
     raised ends the others at once. One that died without a Python error (gloo aborts a process on a size mismatch)
     leaves them COLLECTIVE_TIMEOUT_S to fail by themselves: a rank whose peer died says so in its next collective."""
     end = time.monotonic() + timeout
-    while any(p.poll() is None for p in processes) and time.monotonic() < end:
-        if any(p.poll() for p in processes):
+    while any(p.exitcode is None for p in processes) and time.monotonic() < end:
+        if any(p.exitcode for p in processes):
             if any(folder.glob("rank*.error")):
                 break
             end = min(end, time.monotonic() + COLLECTIVE_TIMEOUT_S)
         time.sleep(0.1)
-    ended = [p.poll() for p in processes]
+    ended = [p.exitcode for p in processes]
     for process in processes:
         process.kill()
-        process.wait()
+        process.join()
     errors = [path.read_text().strip().splitlines()[-1] for path in sorted(folder.glob("rank*.error"))]
     if errors:
         raise RunFailed(min(errors, key=lambda error: any(sign in error.lower() for sign in HANG_SIGNS)))

@@ -4,6 +4,7 @@ code for that lesson."""
 import argparse
 import ast
 import importlib
+import multiprocessing
 import os
 import re
 import socket
@@ -590,6 +591,14 @@ def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_give
     assert port != taken and 1024 < taken < 32768 and 1024 < port < 32768
 
 
+def forked(*sources: str) -> list:
+    """A process forked from this one for each Python source, as labs.harness starts a lab's ranks."""
+    processes = [multiprocessing.get_context("fork").Process(target=exec, args=(source, {})) for source in sources]
+    for process in processes:
+        process.start()
+    return processes
+
+
 @pytest.mark.parametrize("peer, says", [
     ("time.sleep(1); (folder / 'rank1.error').write_text('RuntimeError: Connection reset by peer')\nsys.exit(1)",
      "RuntimeError: Connection reset by peer"),
@@ -601,8 +610,7 @@ def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatc
 
     monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 3)
     code = f"import os, sys, time\nfrom pathlib import Path\nfolder = Path({str(tmp_path)!r})\n"
-    ranks = [subprocess.Popen([sys.executable, "-c", code + "os.abort()"]),
-             subprocess.Popen([sys.executable, "-c", code + peer])]
+    ranks = forked(code + "os.abort()", code + peer)
     start = time.monotonic()
     with pytest.raises(harness.RunFailed, match=says):
         harness.results(ranks, tmp_path, timeout=60)
@@ -616,8 +624,7 @@ def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch)
 
     monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 60)
     raises = f"import pathlib\npathlib.Path({str(tmp_path)!r}, 'rank0.error').write_text('ValueError: x')\nexit(1)"
-    ranks = [subprocess.Popen([sys.executable, "-c", raises]),
-             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])]
+    ranks = forked(raises, "import time\ntime.sleep(3600)")
     start = time.monotonic()
     with pytest.raises(harness.RunFailed, match="ValueError: x"):
         harness.results(ranks, tmp_path, timeout=120)
