@@ -610,7 +610,8 @@ def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatc
 
     monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 3)
     code = f"import os, sys, time\nfrom pathlib import Path\nfolder = Path({str(tmp_path)!r})\n"
-    ranks = forked(code + "os.abort()", code + peer)
+    # Without pytest's faulthandler, which a forked process inherits: it would print every thread's stack.
+    ranks = forked(code + "import faulthandler\nfaulthandler.disable()\nos.abort()", code + peer)
     start = time.monotonic()
     with pytest.raises(harness.RunFailed, match=says):
         harness.results(ranks, tmp_path, timeout=60)
