@@ -36,6 +36,9 @@ RENDEZVOUS_PORTS = range(20000, 32768)
 CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
 REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/reference.py", "labs/watch.py",
                   "labs/checks/*.py", "labs/solutions/*.py")
+# A rank is forked from the check where fork is safe with torch imported (Linux); Python's own default elsewhere
+# (macOS: spawn, a new interpreter).
+START_RANK = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
 RANK_TIMEOUT_S = 150  # a run's limit, far above its time (about 10 s) on a busy 2-core machine
 # How long a rank waits in a collective that another rank never joins before it fails (gloo's default: 30 min). A
 # lab's run takes a few seconds between two collectives even on a busy machine (its ranks start together); every
@@ -130,17 +133,17 @@ def load_lab(path):
 
 def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[multiprocessing.Process]:
     """world_size ranks, each calling entry (module:function) on the lab file (run_rank), with the environment
-    torchrun gives its processes, one thread each. Forked from this process, where torch and common are imported: a
-    rank starts at once, where a new interpreter would import them again (3 s of CPU each)."""
+    torchrun gives its processes, one thread each. Forked from this process (START_RANK), where torch and common are
+    imported: a rank starts at once, where a new interpreter would import them again (3 s of CPU each)."""
     port = free_port()
-    fork = multiprocessing.get_context("fork")
-    sys.stdout.flush(), sys.stderr.flush()  # or a rank would print this process's buffered lines again
+    sys.stdout.flush()  # or a forked rank would print this process's buffered lines again
+    sys.stderr.flush()
     processes = []
     for rank in range(world_size):
         env = dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                    LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    CUDA_VISIBLE_DEVICES="", KINETO_LOG_LEVEL="6")  # the labs run on CPUs; a quiet profiler
-        processes.append(fork.Process(target=run_rank, args=(entry, lab_file, folder, env)))
+        processes.append(START_RANK.Process(target=run_rank, args=(entry, lab_file, folder, env)))
         processes[-1].start()
     return processes
 
