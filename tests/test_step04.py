@@ -23,7 +23,7 @@ def exported_model(storage) -> torch.nn.Module:
 
 def test_fsdp2_trains_and_holds_half_the_state_per_rank(fsdp2_run):
     summary, storage, result = fsdp2_run
-    assert_sane_summary(summary, "ray_fsdp2", world_size=2)
+    assert_sane_summary(summary, "ray_fsdp2", world_size=2, resumed=True)
     assert_half_the_state_per_rank(summary)  # exact shard sizes
     assert "memory per rank (MB)" in result.stdout
     checkpoint = latest_ray_checkpoint(storage)
