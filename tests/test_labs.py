@@ -630,3 +630,14 @@ def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch)
     with pytest.raises(harness.RunFailed, match="ValueError: x"):
         harness.results(ranks, tmp_path, timeout=120)
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_labs_ranks_start_with_torchruns_environment_forked_or_not(tmp_path, monkeypatch, method):
+    """Ranks are forked on Linux (START_RANK) and started as new interpreters elsewhere: either way each gets its
+    own RANK of the WORLD_SIZE, and what its entry returned comes back in rank order."""
+    from labs import harness
+
+    monkeypatch.setattr(harness, "START_RANK", multiprocessing.get_context(method))
+    ranks = harness.start_ranks("os:getenv", "RANK", 2, tmp_path)  # each rank returns os.getenv("RANK")
+    assert harness.results(ranks, tmp_path, timeout=60) == ["0", "1"]
