@@ -149,7 +149,7 @@ def start_ranks(entry: str, lab_file, world_size: int, folder: Path) -> list[mul
 
 
 def run_rank(entry: str, lab_file, folder: Path, env: dict) -> None:
-    """One rank, in its forked process: saves what entry(lab_file) returns to folder/rank<r>.pt, or its traceback
+    """One rank, in a process of its own: saves what entry(lab_file) returns to folder/rank<r>.pt, or its traceback
     to folder/rank<r>.error (also printed). Its process group's collectives time out after COLLECTIVE_TIMEOUT_S."""
     os.environ.update(env)
     torch.set_num_threads(1)
@@ -172,8 +172,8 @@ def results(processes: list[multiprocessing.Process], folder: Path, timeout: flo
     leaves them COLLECTIVE_TIMEOUT_S to fail by themselves: a rank whose peer died says so in its next collective."""
     end = time.monotonic() + timeout
     while any(p.exitcode is None for p in processes) and time.monotonic() < end:
-        if any(p.exitcode for p in processes):
-            if any(folder.glob("rank*.error")):
+        if failed := [rank for rank, p in enumerate(processes) if p.exitcode]:
+            if any((folder / f"rank{rank}.error").exists() for rank in failed):  # written whole before it exited
                 break
             end = min(end, time.monotonic() + COLLECTIVE_TIMEOUT_S)
         time.sleep(0.1)
@@ -181,7 +181,9 @@ def results(processes: list[multiprocessing.Process], folder: Path, timeout: flo
     for process in processes:
         process.kill()
         process.join()
-    errors = [path.read_text().strip().splitlines()[-1] for path in sorted(folder.glob("rank*.error"))]
+    # A rank killed while it wrote its error leaves the file empty or cut short: its last line, if any.
+    written = [path.read_text().strip() for path in sorted(folder.glob("rank*.error"))]
+    errors = [text.splitlines()[-1] for text in written if text]
     if errors:
         raise RunFailed(min(errors, key=lambda error: any(sign in error.lower() for sign in HANG_SIGNS)))
     if failed := [(rank, code) for rank, code in enumerate(ended) if code]:
