@@ -591,27 +591,30 @@ def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_give
     assert port != taken and 1024 < taken < 32768 and 1024 < port < 32768
 
 
-def forked(*sources: str) -> list:
-    """A process forked from this one for each Python source, as labs.harness starts a lab's ranks."""
-    processes = [multiprocessing.get_context("fork").Process(target=exec, args=(source, {})) for source in sources]
-    for process in processes:
-        process.start()
-    return processes
+def ranks_running(folder, rank0: str, rank1: str) -> list:
+    """Two ranks started as labs.harness starts a lab's, each running its line of Python (builtins.exec as the
+    entry)."""
+    from labs import harness
+
+    source = f"import os\nif os.environ['RANK'] == '0':\n    {rank0}\nelse:\n    {rank1}\n"
+    return harness.start_ranks("builtins:exec", source, 2, folder)
+
+
+# gloo's abort; pytest's faulthandler, which a forked process inherits, would print every thread's stack.
+ABORT = "import faulthandler; faulthandler.disable(); os.abort()"
 
 
 @pytest.mark.parametrize("peer, says", [
-    ("time.sleep(1); (folder / 'rank1.error').write_text('RuntimeError: Connection reset by peer')\nsys.exit(1)",
+    ("import time; time.sleep(1); raise RuntimeError('Connection reset by peer')",
      "RuntimeError: Connection reset by peer"),
-    ("time.sleep(3600)", "rank 0 ended with SIGABRT and no Python error")])
+    ("import time; time.sleep(3600)", "rank 0 ended with SIGABRT and no Python error")])
 def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatch, peer, says):
     """gloo aborts a rank on a size mismatch (hang-shape): no traceback of its own. Its peer, given a collective's
     timeout, says why it stops; one that says nothing leaves the abort named, never "the ranks timed out"."""
     from labs import harness
 
     monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 3)
-    code = f"import os, sys, time\nfrom pathlib import Path\nfolder = Path({str(tmp_path)!r})\n"
-    # Without pytest's faulthandler, which a forked process inherits: it would print every thread's stack.
-    ranks = forked(code + "import faulthandler\nfaulthandler.disable()\nos.abort()", code + peer)
+    ranks = ranks_running(tmp_path, ABORT, peer)
     start = time.monotonic()
     with pytest.raises(harness.RunFailed, match=says):
         harness.results(ranks, tmp_path, timeout=60)
@@ -624,8 +627,7 @@ def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch)
     from labs import harness
 
     monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 60)
-    raises = f"import pathlib\npathlib.Path({str(tmp_path)!r}, 'rank0.error').write_text('ValueError: x')\nexit(1)"
-    ranks = forked(raises, "import time\ntime.sleep(3600)")
+    ranks = ranks_running(tmp_path, "raise ValueError('x')", "import time; time.sleep(3600)")
     start = time.monotonic()
     with pytest.raises(harness.RunFailed, match="ValueError: x"):
         harness.results(ranks, tmp_path, timeout=120)
