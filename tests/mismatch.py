@@ -39,7 +39,7 @@ def main(kind: str) -> None:
             save_flight_record(rank)
         raise
     finally:
-        time.sleep(0.5)  # the other rank's error first: neither sees the other leave instead
+        time.sleep(0.5)  # the other rank gets its own error (DETAIL's mismatch), not this one's leaving
     dist.destroy_process_group()
 
 

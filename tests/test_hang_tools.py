@@ -44,12 +44,15 @@ def error_of(output: str) -> str:
 
 def test_a_collective_timeout_says_that_a_rank_waited_but_not_for_which_rank_or_collective(tmp_path):
     """The first rung: with init_process_group(timeout=3 s), a collective that only rank 0 calls fails on both
-    ranks after 3 s (rank 1 waits in its next collective, a barrier), each with gloo's recv timeout; the message
-    names neither the other rank nor the collective, only the traceback's line does."""
+    ranks after 3 s (rank 1 waits in its next collective, a barrier) with gloo's recv timeout; the message names
+    neither the other rank nor the collective, only the traceback's line does. A timeout closes the rank's
+    connections: a peer whose own 3 s are not quite up (a busy machine) reads that instead."""
     (code0, out0), (code1, out1) = run_pair("skipped", tmp_path)
     assert code0 == code1 == 1
-    for out in (out0, out1):
-        assert "Timed out waiting 3000ms for recv operation to complete" in error_of(out), out
+    errors = [error_of(out0), error_of(out1)]
+    timeout = "Timed out waiting 3000ms for recv operation to complete"
+    assert any(timeout in error for error in errors), errors
+    assert all(timeout in error or "Connection closed by peer" in error for error in errors), errors
     assert "dist.all_reduce(torch.ones(3))" in out0 and "dist.barrier()" in out1
 
 
