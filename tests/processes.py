@@ -1,10 +1,17 @@
 """The one way the tests start processes: from the repository root, unbuffered, one OpenMP thread each (as the
 suite's shared runs compare numbers made that way), with a deadline on every wait, and killed with everything they
 started (kill_tree) when a test or a run is done with them."""
+import atexit
+import importlib
+import json
 import os
+import runpy
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,3 +78,86 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # no group of its own, or already gone
         pass
+
+
+class Preloaded:
+    """`python -m MODULE ARGS`, each run forked from a server that has imported these modules: the same run, as its
+    own process, without an interpreter's start and those imports (about 2.5 s of CPU for a lab's check, which
+    imports torch, torchvision and Ray). What they read from the environment as they are imported is read as the
+    server starts: a run in another environment (a fixture set a variable since) gets a new server."""
+
+    def __init__(self, module: str, *preload: str):
+        self.module, self.preload, self.server, self.env = module, preload, None, {}
+
+    def run(self, cmd, timeout: float) -> subprocess.CompletedProcess:
+        """run(cmd, timeout) for cmd = [sys.executable, "-m", MODULE, *args]; past the timeout the server is killed
+        with the run, and the next run starts another."""
+        assert list(cmd[:3]) == [sys.executable, "-m", self.module], cmd
+        env = command_options(cmd)["env"]
+        if self.server is None or self.server.poll() is not None or without_pytests(env) != self.env:
+            self.close()
+            self.server, self.env = start([sys.executable, __file__, self.module, *self.preload],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE), without_pytests(env)
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder, "out"), Path(folder, "err")
+            out.touch(), err.touch()  # what a run killed before it wrote anything printed
+            self.server.stdin.write(json.dumps(dict(args=[str(part) for part in cmd[3:]], env=env,
+                                                    out=str(out), err=str(err))) + "\n")
+            self.server.stdin.flush()
+            if not select.select([self.server.stdout], [], [], timeout)[0]:
+                self.close()
+                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text())
+            code = self.server.stdout.readline()
+            assert code, f"the server of {self.module} ended (its error above)"
+            return subprocess.CompletedProcess(cmd, int(code), out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.server is not None:
+            kill_tree(self.server.pid)
+            self.server.wait(timeout=60)
+
+
+def without_pytests(env: dict) -> dict:
+    """The environment but for the variable pytest sets for each test."""
+    return {key: value for key, value in env.items() if key != "PYTEST_CURRENT_TEST"}
+
+
+def serve(module: str, *preload: str) -> None:
+    """Preloaded's server: for each request line, a forked child runs the module as __main__; then its exit code."""
+    sys.path[0] = str(ROOT)  # as `python -m` has it: the working directory, not tests/
+    for name in preload:
+        importlib.import_module(name)
+    for line in sys.stdin:
+        request = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            os._exit(run_forked(module, **request))
+        print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+
+
+def run_forked(module: str, args: list[str], env: dict, out: str, err: str) -> int:
+    """What `python -m module args` does after its imports, in this environment, with its output in these files."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else exit.code is not None
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # as the interpreter's exit would: Ray's shutdown, multiprocessing's joins
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return int(code)
+
+
+if __name__ == "__main__":
+    serve(*sys.argv[1:])

@@ -104,13 +104,22 @@ def ran_early(request) -> dict | None:
     return request.getfixturevalue("early_run") if request.node.get_closest_marker("early") else None
 
 
+@pytest.fixture(scope="module")
+def preloaded(reference_runs_of_this_suite) -> processes.Preloaded:
+    """python -m labs.check, forked from a process that has imported the checks of the labs that run now."""
+    server = processes.Preloaded("labs.check", *sorted({LABS[lab].checks for lab in LABS if lab not in EARLY_LABS}))
+    yield server
+    server.close()
+
+
 def check(request, ran_early, lab: str, case: str, file=None) -> subprocess.CompletedProcess:
-    """python -m labs.check LAB [--file FILE]; a Ray lab's on the shared test cluster, which is started once for
-    every Ray test. The checks of EARLY_LABS ran early (early_lab_checks): this case's (untouched, solution, a wrong
-    answer)."""
+    """python -m labs.check LAB [--file FILE], forked from the preloaded server; a Ray lab's on the shared test
+    cluster, which is started once for every Ray test. The checks of EARLY_LABS ran early (early_lab_checks), each as
+    its own command line: this case's (untouched, solution, a wrong answer)."""
     if ran_early is not None:
         return ran_early[lab, case]
-    return run_check(lab, file, request.getfixturevalue("ray_cluster") if LABS[lab].ray else None)
+    address = request.getfixturevalue("ray_cluster") if LABS[lab].ray else None
+    return run_check(lab, file, address, request.getfixturevalue("preloaded").run)
 
 
 def run_check(lab: str, file, address: str | None, run=processes.run) -> subprocess.CompletedProcess:
@@ -514,12 +523,12 @@ def sampled(domain) -> tuple:
 
 def test_a_check_that_hangs_ends_at_its_deadline(request, tmp_path, monkeypatch):
     """A run that waits for something no timeout of its own covers (here, forever in the lab's code) ends at the
-    check's deadline, with every check failed and the hang's hint."""
+    check's deadline, with every check failed and the hang's hint: its command line, as an attendee runs it."""
     (tmp_path / "lab.py").write_text("import time\n\n\ndef classify(dataset, preset, weights_ref):\n"
                                      "    time.sleep(3600)\n")
     monkeypatch.setenv("LABS_DEADLINE_S", "20")
     start = time.monotonic()
-    result = check(request, None, "06", "hung", tmp_path / "lab.py")
+    result = run_check("06", tmp_path / "lab.py", request.getfixturevalue("ray_cluster"))
     lines = verdicts(result.stdout)
     assert result.returncode == 1 and time.monotonic() - start < 90, result.stdout + result.stderr[-3000:]
     assert "the run hung: it did not end within the check's 20 s" in lines[0] and "py-spy dump" in result.stdout

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import processes
+import pytest
 from conftest import ROOT
 
 FIXTURES = '''
@@ -221,3 +223,25 @@ def test_at_an_early_end_of_the_session_its_runs_processes_are_killed_and_the_re
     [pids] = (path.read_text().split() for path in (tmp_path / "base").glob("early/*/pid"))
     assert not any(alive(int(pid)) for pid in pids)  # killed, not left to sleep their 60 s
     assert not list((tmp_path / "base").glob("early/*/started"))
+
+
+def test_a_preloaded_run_is_its_command_lines_run_its_environment_included(monkeypatch, tmp_path):
+    """processes.Preloaded forks a run from a server that imported its modules: the exit code and the output are the
+    command line's; a variable set since the server started reaches the run (a new server); past its timeout the run
+    is killed, and the next run is served."""
+    preloaded, hangs = processes.Preloaded("labs.check", "labs.harness"), tmp_path / "lab.py"
+    hangs.write_text("import time\ntime.sleep(3600)\n")
+    try:
+        wrong = [sys.executable, "-m", "labs.check", "no-such-lab"]
+        forked, real = preloaded.run(wrong, timeout=60), processes.run(wrong, timeout=60)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        assert forked.returncode == 2 and "invalid choice: 'no-such-lab'" in forked.stderr, forked.stderr
+        monkeypatch.setenv("LABS_DEADLINE_S", "1")  # read as labs.check starts
+        hung = preloaded.run([sys.executable, "-m", "labs.check", "01", "--file", str(hangs)], timeout=30)
+        assert "did not end within the check's 1 s" in hung.stdout, hung.stdout + hung.stderr
+        monkeypatch.setenv("LABS_DEADLINE_S", "60")
+        with pytest.raises(subprocess.TimeoutExpired):
+            preloaded.run([sys.executable, "-m", "labs.check", "01", "--file", str(hangs)], timeout=2)
+        assert preloaded.run(wrong, timeout=60).returncode == 2
+    finally:
+        preloaded.close()
