@@ -84,10 +84,12 @@ class Preloaded:
     """`python -m MODULE ARGS`, each run forked from a server that has imported these modules: the same run, as its
     own process, without an interpreter's start and those imports (about 2.5 s of CPU for a lab's check, which
     imports torch, torchvision and Ray). What they read from the environment as they are imported is read as the
-    server starts: a run in another environment (a fixture set a variable since) gets a new server."""
+    server starts: a run in another environment (a fixture set a variable since) gets a new server. Each run's output
+    is kept in folder (NN.out, NN.err), if one is given."""
 
-    def __init__(self, module: str, *preload: str):
-        self.module, self.preload, self.server, self.env = module, preload, None, {}
+    def __init__(self, module: str, *preload: str, folder: Path | None = None):
+        self.module, self.preload, self.folder = module, preload, folder
+        self.server, self.env, self.count = None, {}, 0
 
     def run(self, cmd, timeout: float) -> subprocess.CompletedProcess:
         """run(cmd, timeout) for cmd = [sys.executable, "-m", MODULE, *args]; past the timeout the server is killed
@@ -98,8 +100,9 @@ class Preloaded:
             self.close()
             self.server, self.env = start([sys.executable, __file__, self.module, *self.preload],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE), without_pytests(env)
-        with tempfile.TemporaryDirectory() as folder:
-            out, err = Path(folder, "out"), Path(folder, "err")
+        self.count += 1
+        with tempfile.TemporaryDirectory() as temporary:
+            out, err = (Path(self.folder or temporary, f"{self.count:02d}.{stream}") for stream in ("out", "err"))
             out.touch(), err.touch()  # what a run killed before it wrote anything printed
             self.server.stdin.write(json.dumps(dict(args=[str(part) for part in cmd[3:]], env=env,
                                                     out=str(out), err=str(err))) + "\n")

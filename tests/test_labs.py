@@ -114,8 +114,8 @@ def preloaded(reference_runs_of_this_suite) -> processes.Preloaded:
 
 def check(request, ran_early, lab: str, case: str, file=None) -> subprocess.CompletedProcess:
     """python -m labs.check LAB [--file FILE], forked from the preloaded server; a Ray lab's on the shared test
-    cluster, which is started once for every Ray test. The checks of EARLY_LABS ran early (early_lab_checks), each as
-    its own command line: this case's (untouched, solution, a wrong answer)."""
+    cluster, which is started once for every Ray test. The checks of EARLY_LABS ran early (early_lab_checks): this
+    case's (untouched, solution, a wrong answer)."""
     if ran_early is not None:
         return ran_early[lab, case]
     address = request.getfixturevalue("ray_cluster") if LABS[lab].ray else None
@@ -130,8 +130,8 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
 @takes(1000)  # 852 and 862 s in the full suite (AMD EPYC Zen 5, 2026-11-28)
 def early_lab_checks(folder, lane) -> dict:
     """The checks of EARLY_LABS (lab 05's each a sweep of 3 trials, about 50 s): in the early lane, beside the other
-    tests, on a two-node cluster of their own, with reference runs of their own. {(lab, case): what the check
-    printed}."""
+    tests, on a two-node cluster of their own, with reference runs of their own, forked from a server that imported
+    their checks (processes.Preloaded; their output in the run's folder). {(lab, case): what the check printed}."""
     os.environ["LABS_CACHE"] = str(folder / "labs-cache")  # this process's, handed on to the checks
     files = {}
     for lab in EARLY_LABS:
@@ -141,9 +141,11 @@ def early_lab_checks(folder, lane) -> dict:
             files[lab, wrong.name].parent.mkdir()
             files[lab, wrong.name].write_text(wrong_answer(lab, wrong))
     cluster = two_node_cluster()
+    checks = processes.Preloaded("labs.check", *sorted({LABS[lab].checks for lab in EARLY_LABS}), folder=folder)
     try:
-        return {(lab, case): run_check(lab, file, cluster.address, lane.run) for (lab, case), file in files.items()}
+        return {(lab, case): run_check(lab, file, cluster.address, checks.run) for (lab, case), file in files.items()}
     finally:
+        checks.close()
         cluster.shutdown()
 
 
