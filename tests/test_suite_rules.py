@@ -1,6 +1,7 @@
 """The suite's own rules (suite_rules.py) hold: a fixture past its time limit fails, at setup and at teardown, and the
 suite goes on; under CI a skip is a failure. And its early runs (early.py) start with the session. Each check runs
-pytest on a few lines of tests in a new process with that plugin alone (no torch to import: about a second)."""
+pytest on a few lines of tests in a new process with that plugin alone (no torch to import: about a second). Last,
+a run forked from processes.Preloaded is its command line's."""
 import os
 import re
 import subprocess
