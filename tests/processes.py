@@ -98,8 +98,9 @@ class Preloaded:
         env = command_options(cmd)["env"]
         if self.server is None or self.server.poll() is not None or without_pytests(env) != self.env:
             self.close()
-            self.server, self.env = start([sys.executable, __file__, self.module, *self.preload],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE), without_pytests(env)
+            self.env = without_pytests(env)
+            self.server = start([sys.executable, __file__, self.module, *self.preload], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
         self.count += 1
         with tempfile.TemporaryDirectory() as temporary:
             out, err = (Path(self.folder or temporary, f"{self.count:02d}.{stream}") for stream in ("out", "err"))

@@ -107,9 +107,14 @@ def ran_early(request) -> dict | None:
 @pytest.fixture(scope="module")
 def preloaded(reference_runs_of_this_suite) -> processes.Preloaded:
     """python -m labs.check, forked from a process that has imported the checks of the labs that run now."""
-    server = processes.Preloaded("labs.check", *sorted({LABS[lab].checks for lab in LABS if lab not in EARLY_LABS}))
+    server = check_server([lab for lab in LABS if lab not in EARLY_LABS])
     yield server
     server.close()
+
+
+def check_server(labs, folder=None) -> processes.Preloaded:
+    """python -m labs.check, forked from a server that has imported these labs' checks."""
+    return processes.Preloaded("labs.check", *sorted({LABS[lab].checks for lab in labs}), folder=folder)
 
 
 def check(request, ran_early, lab: str, case: str, file=None) -> subprocess.CompletedProcess:
@@ -141,7 +146,7 @@ def early_lab_checks(folder, lane) -> dict:
             files[lab, wrong.name].parent.mkdir()
             files[lab, wrong.name].write_text(wrong_answer(lab, wrong))
     cluster = two_node_cluster()
-    checks = processes.Preloaded("labs.check", *sorted({LABS[lab].checks for lab in EARLY_LABS}), folder=folder)
+    checks = check_server(EARLY_LABS, folder)
     try:
         return {(lab, case): run_check(lab, file, cluster.address, checks.run) for (lab, case), file in files.items()}
     finally:
