@@ -9,12 +9,11 @@ tests work, not while the whole suite waits for it:
     def test_losing_a_node_...(early_run): ...          # early_run: what elastic_run returned
 
 No run is orchestrated in the pytest process. As the session starts, this file runs as a script (the queue), in a
-process group of its own: it runs the session's early runs one after another, in the order of their tests (those
-marked last, last), each as `python tests/early.py --one FILE:FUNCTION FOLDER`, a process group of its own that
-calls the function and pickles what it returned (or raised) into FOLDER. A run past its deadline is killed with
-everything it started, and its tests fail with its last output lines. The tests marked early run last and read each
-outcome once. At the session's end (pytest -x included) the queue and the run it is on are killed, and the runs not
-started never start."""
+process group of its own: it runs the session's early runs one after another, in the order of their tests, each as
+`python tests/early.py --one FILE:FUNCTION FOLDER`, a process group of its own that calls the function and pickles
+what it returned (or raised) into FOLDER. A run past its deadline is killed with everything it started, and its
+tests fail with its last output lines. The tests marked early run last and read each outcome once. At the session's
+end (pytest -x included) the queue and the run it is on are killed, and the runs not started never start."""
 import json
 import pickle
 import re
@@ -33,13 +32,11 @@ OUTCOME, LOG, TAIL_LINES = "outcome.pickle", "run.log", 30
 BASE = pytest.StashKey[Path]()  # the session's folder of early runs
 
 
-def takes(seconds: float, last: bool = False):
+def takes(seconds: float):
     """What an early run takes in the full suite, measured (rounded up, for a slower processor than the one measured
-    on: say both beside it): past twice that, it is killed and its tests fail. last: queued after the runs that are
-    not, for a run that keeps both cores busy by itself: the runs that mostly wait go first, beside the other tests'
-    busiest part."""
+    on: say both beside it): past twice that, it is killed and its tests fail."""
     def measured(run):
-        run.seconds, run.last = seconds, last
+        run.seconds = seconds
         return run
     return measured
 
@@ -104,13 +101,11 @@ class EarlyRun:
 @pytest.fixture(scope="session", autouse=True)
 def early_runs(request, tmp_path_factory):
     """Each run that a test of this session is marked early(run=run) with, once for all its tests, in the order of
-    those tests, those marked last (takes) last: {run: EarlyRun}. The queue starts here and is killed, with the run
-    it is on, at the session's end."""
+    those tests: {run: EarlyRun}. The queue starts here and is killed, with the run it is on, at the session's end."""
     runs = []
     for item in request.session.items:
         if (marker := item.get_closest_marker("early")) and marker.kwargs["run"] not in runs:
             runs.append(marker.kwargs["run"])
-    runs.sort(key=lambda run: run.last)  # stable: each group keeps the order of its tests
     if not runs:
         yield {}
         return

@@ -98,15 +98,6 @@ def second(folder, lane):
 def fails(folder, lane):
     raise AssertionError("the run's own words")
 
-@takes(30, last=True)
-def late(folder, lane):
-    pass
-
-@pytest.mark.early(run=late)
-def test_late(early_run, tmp_path_factory):
-    [folder] = tmp_path_factory.getbasetemp().glob("early/*-late")
-    assert folder.name == "3-late"  # after the runs of the tests below
-
 @pytest.mark.early(run=first)
 def test_first(early_run):
     (early_run[0] / "ended").write_text(str(early_run[1]))
@@ -209,8 +200,8 @@ def test_early_runs_start_with_the_session_one_after_another_shared_and_their_te
     result = pytest_on(tmp_path, EARLY, "-v", plugin="early")
     out = result.stdout
     order = re.findall(r"^test_it.py::(test_\w+) (PASSED|ERROR)", out, re.MULTILINE)
-    assert order == [("test_plain", "PASSED"), ("test_late", "PASSED"), ("test_first", "PASSED"),
-                     ("test_first_again", "PASSED"), ("test_second", "PASSED"), ("test_fails", "ERROR")], out
+    assert order == [("test_plain", "PASSED"), ("test_first", "PASSED"), ("test_first_again", "PASSED"),
+                     ("test_second", "PASSED"), ("test_fails", "ERROR")], out
     assert "ERROR test_it.py::test_fails - AssertionError: the run's own words" in out  # its run's error
 
 
