@@ -1,8 +1,10 @@
 """Where a run's CPU time goes, per kind of process: the profiles beside this file.
 
-    python process_cpu.py sample OUT.json &      # every 0.5 s, each process's own CPU ticks, until killed (SIGTERM)
+    # from the repository's root: every 0.5 s, each process's own CPU ticks, until killed (SIGTERM)
+    python benchmarks/published/archive/suite-time/process_cpu.py sample /tmp/cpu.json &
     bash .ci/run --durations=0; kill %1
-    python process_cpu.py summary OUT.json 40    # busy core-seconds per kind, the 40 largest
+    # busy core-seconds per kind of process, the 40 largest
+    python benchmarks/published/archive/suite-time/process_cpu.py summary /tmp/cpu.json 40
 
 A process's kind is its last title (Ray's workers: ray::RayTrainWorker, ...), else its binary, else its script.
 Processes that lived less than a sample are missed; those already running when sampling started are left out."""
@@ -66,8 +68,9 @@ def summary(path: str, top: int) -> None:
     seconds, count = collections.Counter(), collections.Counter()
     for entry in entries:
         if entry["first"] > start:
-            seconds[kind(entry)] += entry["ticks"] / HZ
-            count[kind(entry)] += 1
+            name = kind(entry)
+            seconds[name] += entry["ticks"] / HZ
+            count[name] += 1
     print(f"total {sum(seconds.values()):.0f} core-s")
     for name, value in seconds.most_common(top):
         print(f"{value:7.1f} {count[name]:4d} {name}")
