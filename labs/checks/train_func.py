@@ -1,8 +1,8 @@
 """Lab 02's checks: lab 01's solution under torchrun's environment for 3 epochs, uninterrupted (2 processes,
-labs.checks.ddp), while Ray starts and runs the lab's fit() for 2 epochs, then fit() for 3 under the same run name.
-In every process of Ray's job, augment_batch records which images each rank trained in which epoch, and
-ray.train.report each report: its rank, its checkpoint, its metrics and a digest of the rank's weights
-(labs.watch)."""
+labs.checks.ddp), while Ray starts and runs the lab's fit() for 2 epochs, then, if that run passed the checks, fit()
+for 3 under the same run name. In every process of Ray's job, augment_batch records which images each rank trained in
+which epoch, and ray.train.report each report: its rank, its checkpoint, its metrics and a digest of the rank's
+weights (labs.watch)."""
 import tempfile
 from pathlib import Path
 
@@ -35,31 +35,36 @@ def run(lab_file, address) -> list:
             torchrun_ranks = start_ranks(f"{__name__}:uninterrupted", TORCHRUN_LAB, 2, folder / "torchrun")
         start_ray(address, watch.environment(folder / "calls", ["augment_batch", "build_model", "report"]))
         try:
-            runs = fit_twice(lab, folder)
+            first, first_calls = fit(lab, folder, lab_args().epochs)
         except Exception as error:  # the run failed (TrainingFailedError), or fit() itself did
             return crashed(CHECKS, ray_error(error))
         finally:
             if torchrun is None:
                 torchrun = save_reference(TORCHRUN, results(torchrun_ranks, folder / "torchrun"))
-        (first, first_calls), (resumed, resumed_calls) = runs
-        return [on_ray(first, first_calls, folder / "storage"), same_training([first_calls, resumed_calls], torchrun),
-                reports(first, first_calls, torchrun[0]), resumes(resumed, resumed_calls, torchrun[0])]
+        outcomes = [on_ray(first, first_calls, folder / "storage"), same_training([first_calls], torchrun),
+                    reports(first, first_calls, torchrun[0])]
+        if not all(outcome.passed for outcome in outcomes):
+            # A resume is compared with an uninterrupted run: the first run must train as that run does.
+            return [*outcomes, Outcome(RESUMES, "not run: the first run fails a check above", "")]
+        try:
+            resumed, resumed_calls = fit(lab, folder, EPOCHS)
+        except Exception as error:
+            return [*outcomes[:3], *crashed([RESUMES], ray_error(error))]
+        return [outcomes[0], same_training([first_calls, resumed_calls], torchrun), outcomes[2],
+                resumes(resumed, resumed_calls, torchrun[0])]
 
 
 def uninterrupted(lab_file) -> dict:
     return ddp.watched_main(lab_file, "--epochs", str(EPOCHS))
 
 
-def fit_twice(lab, folder: Path) -> list:
-    """The lab's fit() for 2 epochs, then for 3 under the same name: each run's result and the calls its workers
-    made."""
-    runs = []
-    for epochs in (lab_args().epochs, EPOCHS):
-        result = lab.fit(lab_args("--epochs", str(epochs)), str(folder / "storage"), NAME)
-        runs.append((result, watch.read(folder / "calls")))
-        for calls in (folder / "calls").iterdir():
-            calls.unlink()
-    return runs
+def fit(lab, folder: Path, epochs: int) -> tuple:
+    """The lab's fit() for these epochs under the run's name: its result, and the calls its workers made."""
+    result = lab.fit(lab_args("--epochs", str(epochs)), str(folder / "storage"), NAME)
+    calls = watch.read(folder / "calls")
+    for file in (folder / "calls").iterdir():
+        file.unlink()
+    return result, calls
 
 
 def trained(calls: list[dict], function: str = "augment_batch") -> list[dict]:
