@@ -1,9 +1,10 @@
 """Lab 05: a Ray Tune sweep as 05-ray-tune/tune_ray_ddp.py runs it: a search space, the ASHA scheduler, and trials
 that each build a TorchTrainer, tuned on the validation split.
 
-sweep() below runs its trials to the end, whatever they score, and tunes on the test set. The check runs it with
-3 trials of 2 epochs (1 worker each; the data a trial asks for is recorded, and synthetic images stand in for it,
-so nothing downloads), and looks at which split the trials used and at what Tune stopped:
+sweep() below runs its trials to the end, whatever they score, and tunes on the test set. The check reads
+SEARCH_SPACE first, and runs no sweep until it passes; then it runs sweep() with 3 trials of 2 epochs (1 worker
+each; the data a trial asks for is recorded, and synthetic images stand in for it, so nothing downloads), and looks
+at which split the trials used and at what Tune stopped:
 
     python -m labs.check 05
 

@@ -48,9 +48,10 @@ STARTING_FAILURES = {
     "04-accumulate": ["8 optimizer steps for 4 batches of 2 micro-batches",
                       "14 reduce-scatters per optimizer step of 2 micro-batches; the model's 7 units need 7",
                       "8 losses reported for 4 optimizer steps"],
-    "05": ["the trials asked load_data for ['cifar10'] (scored on the test set)",
+    # The untouched SEARCH_SPACE is empty: no sweep runs (the other checks' failures: its wrong answers).
+    "05": ["not run: no sweep over a SEARCH_SPACE that fails its check",
            "SEARCH_SPACE has no Tune distribution for lr: None",
-           "Tune saw no result of any of the 3 trials", "no ASHA scheduler saw a result"],
+           "not run: no sweep", "not run: no sweep"],
     "06": [re.compile(r"the model ran in \d process\(es\) that are not actors"),
            re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
            "the output rows have columns ['predicted', 'probability']: no id and label say which image"],

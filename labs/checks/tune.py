@@ -1,6 +1,7 @@
-"""Lab 05's checks: the lab's sweep() of 3 trials of 2 epochs, 1 worker each. In every process of Ray's job,
-load_data records the data a trial asks for and hands out the synthetic images instead (labs.watch); in this
-process, where Tune's controller runs, the ASHA scheduler's every decision is recorded."""
+"""Lab 05's checks: SEARCH_SPACE as written, then, if it passes, the lab's sweep() of 3 trials of 2 epochs, 1 worker
+each. In every process of Ray's job, load_data records the data a trial asks for and hands out the synthetic images
+instead (labs.watch); in this process, where Tune's controller runs, the ASHA scheduler's every decision is
+recorded."""
 import tempfile
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
@@ -23,6 +24,10 @@ RECIPE = {"lr": 2e-3, "weight_decay": 0.05}  # the steps' defaults (common/flags
 def run(lab_file, address) -> list:
     lab, args = load_lab(lab_file), lab_args(*LONGER_EPOCHS, "--data", "cifar10")  # the steps' default: test set
     args.num_samples = TRIALS
+    space = search_space(getattr(lab, "SEARCH_SPACE", {}))
+    if not space.passed:  # as a sweep should be: its search space checked before any trial spends a CPU on it
+        not_run = "not run: no sweep over a SEARCH_SPACE that fails its check"
+        return [space if check == SEARCHED else Outcome(check, not_run, "") for check in CHECKS]
     # A trial that reports nothing to Tune ends as done, not as an error: the check then says what Tune saw.
     with tempfile.TemporaryDirectory() as storage, recording_decisions() as decisions:
         start_ray(address, watch.environment(storage, ["load_data"]), TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
@@ -35,7 +40,7 @@ def run(lab_file, address) -> list:
     errors = [result.error for result in results if result.error]
     if errors:
         return crashed(CHECKS, f"{len(errors)} trial(s) failed: {ray_error(errors[0])}")
-    return [validation(splits), searched(getattr(lab, "SEARCH_SPACE", {}), [r.config for r in results]),
+    return [validation(splits), searched([result.config for result in results]),
             seen(results, args.epochs), compared(decisions, args.epochs)]
 
 
@@ -68,24 +73,33 @@ def validation(splits: list[str]):
                                         "then measures nothing: tune on the held-out cifar10-val")
 
 
-def searched(space: dict, configs: list[dict]):
-    hint = ("a learning rate or a weight decay acts by its order of magnitude: sample it log-uniformly "
-            "(ray.tune.loguniform, qloguniform) over a range that holds the recipe's value")
+SEARCHED_HINT = ("a learning rate or a weight decay acts by its order of magnitude: sample it log-uniformly "
+                 "(ray.tune.loguniform, qloguniform) over a range that holds the recipe's value")
+
+
+def search_space(space: dict):
+    """The search space as written: a log-scale distribution of each knob, around the recipe's value."""
     for key, value in RECIPE.items():
         domain = space.get(key)
         if not isinstance(domain, Domain):
-            return Outcome(SEARCHED, f"SEARCH_SPACE has no Tune distribution for {key}: {domain!r}", hint)
+            return Outcome(SEARCHED, f"SEARCH_SPACE has no Tune distribution for {key}: {domain!r}", SEARCHED_HINT)
         sampler = domain.get_sampler()
         if not isinstance(getattr(sampler, "sampler", sampler), LogUniform):
             return Outcome(SEARCHED, f"{key} is sampled by {type(sampler).__name__.lstrip('_')}, not on a log "
-                                     "scale", hint)
+                                     "scale", SEARCHED_HINT)
         if not domain.lower < value < domain.upper:
             return Outcome(SEARCHED, f"{key}'s range [{domain.lower:g}, {domain.upper:g}] leaves out the recipe's "
-                                     f"{value:g}", hint)
+                                     f"{value:g}", SEARCHED_HINT)
+    return Outcome(SEARCHED, None, SEARCHED_HINT)
+
+
+def searched(configs: list[dict]):
+    """The values the sweep's trials tried, once the search space passed: a new one each trial."""
+    for key in RECIPE:
         if len({config[key] for config in configs}) != len(configs):
             return Outcome(SEARCHED, f"the {len(configs)} trials tried {key} = "
-                                     f"{[config[key] for config in configs]}", hint)
-    return Outcome(SEARCHED, None, hint)
+                                     f"{[config[key] for config in configs]}", SEARCHED_HINT)
+    return Outcome(SEARCHED, None, SEARCHED_HINT)
 
 
 def seen(results: list, epochs: int):
