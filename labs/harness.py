@@ -268,6 +268,8 @@ def start_ray(address: str, watched: dict | None = None, **environment: str) -> 
 
 
 def ray_error(error: Exception) -> str:
-    """The line of a failed Ray run that says why: the ranks that never joined a report, else its last line."""
+    """The line of a failed Ray run that says why: the ranks that never joined a report, else its last exception's
+    own line (an exception's details may follow it: a state dict's every missing key), else its last line."""
     lines = str(error).strip().splitlines() or [type(error).__name__]
-    return next((line for line in lines if "have not joined" in line), lines[-1])
+    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return next((line for line in lines if "have not joined" in line), (raised or lines)[-1])

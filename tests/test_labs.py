@@ -273,6 +273,10 @@ WRONG_ANSWERS = {
                     4, "the checkpoint's history differ(s)", "from everything it holds"),
         WrongAnswer("a resume at the checkpoint's epoch", [("state[\"epoch\"] + 1,", "state[\"epoch\"],")],
                     4, "trained epoch(s) [2, 3]", "goes on after its epoch", imported_otherwise=True),
+        WrongAnswer("the checkpoint loaded into DDP's wrapper", [
+            ("raw_model.load_state_dict(state[\"model\"])", "model.load_state_dict(state[\"model\"])")],
+                    4, "the run started again did not finish: RuntimeError: Error(s) in loading state_dict for "
+                       "DistributedDataParallel", "loaded into the model DDP wraps"),
     ],
     "02-hang": [
         WrongAnswer("a checkpoint from every rank", [
@@ -592,6 +596,21 @@ def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     harness.save_reference("recipe", {"loss": 1.2})
     monkeypatch.setattr(harness, "LAB_FLAGS", [*harness.LAB_FLAGS, "--lr", "2e-3"])
     assert harness.load_reference("recipe") is None
+
+
+def test_a_failed_runs_reason_is_its_exceptions_line_not_the_details_after_it():
+    """A state dict loaded into the wrong module raises one line, then a line listing every key: the check shows the
+    first. A run that hung shows the ranks that never joined; a message with no exception's line, its last."""
+    from labs.harness import ray_error
+
+    raised = ("Training failed.\nTraceback (most recent call last):\n  File \"train.py\", line 3, in train_func\n"
+              "RuntimeError: Error(s) in loading state_dict for DistributedDataParallel:\n"
+              "\tMissing key(s) in state_dict: \"module.conv_proj.weight\", \"module.encoder.pos_embedding\".")
+    assert ray_error(RuntimeError(raised)) == ("RuntimeError: Error(s) in loading state_dict for "
+                                               "DistributedDataParallel:")
+    hung = "RuntimeError: Timed out\nThe following ranks have not joined the collective operation: [1]\nSee the logs."
+    assert ray_error(RuntimeError(hung)) == "The following ranks have not joined the collective operation: [1]"
+    assert ray_error(RuntimeError("the worker group died\nsee its logs")) == "see its logs"
 
 
 def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_given(monkeypatch):

@@ -19,6 +19,8 @@ REPORTS = "every epoch, every rank reports once, and the run keeps rank 0's chec
 RESUMES = ("a run started again under its name trains only the epochs left, and its checkpoint then holds what an "
            "uninterrupted run's does: weights, optimizer state, history")
 CHECKS = [ON_RAY, SAME_TRAINING, REPORTS, RESUMES]
+RESUMES_HINT = ("Ray hands a resumed run's workers the last checkpoint the run reported (ray.train.get_checkpoint): "
+                "training goes on after its epoch, from everything it holds, loaded into the model DDP wraps")
 TORCHRUN_LAB = ROOT / "labs" / "solutions" / "01_ddp.py"
 TORCHRUN = "lab-01-solution-torchrun"  # the reference run's name (labs.harness.load_reference)
 NAME, EPOCHS = "lab02", 3  # the second run's epochs; the first run trains lab_args().epochs (2)
@@ -48,8 +50,9 @@ def run(lab_file, address) -> list:
             return [*outcomes, Outcome(RESUMES, "not run: the first run fails a check above", "")]
         try:
             resumed, resumed_calls = fit(lab, folder, EPOCHS)
-        except Exception as error:
-            return [*outcomes[:3], *crashed([RESUMES], ray_error(error))]
+        except Exception as error:  # the resumed run alone failed
+            return [*outcomes, Outcome(RESUMES, f"the run started again did not finish: {ray_error(error)}",
+                                       RESUMES_HINT)]
         return [outcomes[0], same_training([first_calls, resumed_calls], torchrun), outcomes[2],
                 resumes(resumed, resumed_calls, torchrun[0])]
 
@@ -129,14 +132,12 @@ def reports(first, calls: list[dict], torchrun: dict):
 
 
 def resumes(resumed, calls: list[dict], torchrun: dict):
-    hint = ("Ray hands a resumed run's workers the last checkpoint the run reported (ray.train.get_checkpoint): "
-            "training goes on after its epoch, from everything it holds")
     epochs = sorted({call["epoch"] + 1 for call in trained(calls)})
     if epochs != [EPOCHS]:
-        return Outcome(RESUMES, f"the run started again for {EPOCHS} epochs trained epoch(s) {epochs}", hint)
+        return Outcome(RESUMES, f"the run started again for {EPOCHS} epochs trained epoch(s) {epochs}", RESUMES_HINT)
     state = last_checkpoint(resumed)
     if state is None:
-        return Outcome(RESUMES, "the run started again kept no checkpoint", hint)
+        return Outcome(RESUMES, "the run started again kept no checkpoint", RESUMES_HINT)
     differing = [field for field, same in [
         ("weights", equal(state.get("model"), torchrun["weights"])),
         ("optimizer state", equal(state.get("optimizer", {}).get("state"), torchrun["optimizer"]["state"])),
@@ -144,8 +145,8 @@ def resumes(resumed, calls: list[dict], torchrun: dict):
         ("epoch", state.get("epoch") == EPOCHS - 1)] if not same]
     if differing:
         return Outcome(RESUMES, f"after the resumed run, the checkpoint's {', '.join(differing)} differ(s) from an "
-                                f"uninterrupted run's ({EPOCHS} epochs of torchrun)", hint)
-    return Outcome(RESUMES, None, hint)
+                                f"uninterrupted run's ({EPOCHS} epochs of torchrun)", RESUMES_HINT)
+    return Outcome(RESUMES, None, RESUMES_HINT)
 
 
 def last_checkpoint(result) -> dict | None:
