@@ -268,8 +268,12 @@ def start_ray(address: str, watched: dict | None = None, **environment: str) -> 
 
 
 def ray_error(error: Exception) -> str:
-    """The line of a failed Ray run that says why: the ranks that never joined a report, else its last exception's
-    own line (an exception's details may follow it: a state dict's every missing key), else its last line."""
+    """The line of a failed Ray run that says why: the ranks that never joined a report; else the lowest rank's own
+    exception, its first line (Ray keeps each worker's, WorkerGroupError.worker_failures: its message shortens their
+    tracebacks, some to before their exception's line); else the message's last line."""
     lines = str(error).strip().splitlines() or [type(error).__name__]
-    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
-    return next((line for line in lines if "have not joined" in line), (raised or lines)[-1])
+    failures = getattr(error, "worker_failures", None)
+    if any("have not joined" in line for line in lines) or not failures:
+        return next((line for line in lines if "have not joined" in line), lines[-1])
+    failure = failures[min(failures)]
+    return f"{type(failure).__name__}: {(str(failure).strip().splitlines() or [''])[0]}"

@@ -598,18 +598,24 @@ def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     assert harness.load_reference("recipe") is None
 
 
-def test_a_failed_runs_reason_is_its_exceptions_line_not_the_details_after_it():
-    """A state dict loaded into the wrong module raises one line, then a line listing every key: the check shows the
-    first. A run that hung shows the ranks that never joined; a message with no exception's line, its last."""
+def test_a_failed_runs_reason_is_the_workers_own_exception_not_rays_shortened_message():
+    """A state dict loaded into the wrong module raises a line, then one that lists every key; Ray's message cuts
+    the traceback short, before that line when the paths are long (as in the suite). The check shows the worker's
+    own exception. A run that hung shows the ranks that never joined; an error with no worker's, its last line."""
+    from ray.train import WorkerGroupError
+
     from labs.harness import ray_error
 
-    raised = ("Training failed.\nTraceback (most recent call last):\n  File \"train.py\", line 3, in train_func\n"
-              "RuntimeError: Error(s) in loading state_dict for DistributedDataParallel:\n"
-              "\tMissing key(s) in state_dict: \"module.conv_proj.weight\", \"module.encoder.pos_embedding\".")
-    assert ray_error(RuntimeError(raised)) == ("RuntimeError: Error(s) in loading state_dict for "
-                                               "DistributedDataParallel:")
+    raised = RuntimeError("Error(s) in loading state_dict for DistributedDataParallel:\n\tMissing key(s) in "
+                          "state_dict: \"module.conv_proj.weight\", \"module.encoder.pos_embedding\".")
+    shortened = ("[Rank 0,1 Error Snippet]:\nTraceback (most recent call last):\n  File \"/a/long/path/lab.py\"\n"
+                 "... (Output truncated. See individual worker logs for full details) ...\n"
+                 "coder.pos_embedding\".")
+    assert ray_error(WorkerGroupError(shortened, {1: ValueError("x"), 0: raised})) == (
+        "RuntimeError: Error(s) in loading state_dict for DistributedDataParallel:")
     hung = "RuntimeError: Timed out\nThe following ranks have not joined the collective operation: [1]\nSee the logs."
-    assert ray_error(RuntimeError(hung)) == "The following ranks have not joined the collective operation: [1]"
+    assert ray_error(WorkerGroupError(hung, {0: RuntimeError("Timed out")})) == (
+        "The following ranks have not joined the collective operation: [1]")
     assert ray_error(RuntimeError("the worker group died\nsee its logs")) == "see its logs"
 
 
