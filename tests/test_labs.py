@@ -133,7 +133,9 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
     return run([sys.executable, "-m", "labs.check", lab, *flags], timeout=CHECK_TIMEOUT_S)
 
 
-@takes(1000)  # 852 and 862 s in the full suite (AMD EPYC Zen 5, 2026-11-28)
+# 705 s in the full suite at 48cb1b6; 617 and 568 s once lab 05's check ran no sweep over a search space that
+# fails (9e2e582, 3f730ef; AMD EPYC Zen 5, 2026-11-29)
+@takes(600)
 def early_lab_checks(folder, lane) -> dict:
     """The checks of EARLY_LABS (lab 05's each a sweep of 3 trials, about 50 s): in the early lane, beside the other
     tests, on a two-node cluster of their own, with reference runs of their own, forked from a server that imported
