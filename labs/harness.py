@@ -272,8 +272,9 @@ def ray_error(error: Exception) -> str:
     exception, its first line (Ray keeps each worker's, WorkerGroupError.worker_failures: its message shortens their
     tracebacks, some to before their exception's line); else the message's last line."""
     lines = str(error).strip().splitlines() or [type(error).__name__]
+    hung = next((line for line in lines if "have not joined" in line), None)
     failures = getattr(error, "worker_failures", None)
-    if any("have not joined" in line for line in lines) or not failures:
-        return next((line for line in lines if "have not joined" in line), lines[-1])
+    if hung or not failures:
+        return hung or lines[-1]
     failure = failures[min(failures)]
     return f"{type(failure).__name__}: {(str(failure).strip().splitlines() or [''])[0]}"

@@ -6,19 +6,19 @@ off the preemption watcher, tests/conftest.py): the numbers of the archive READM
     LABS_CACHE=/tmp/labs-cache python benchmarks/published/archive/suite-time/check_cpu.py 3 02 FILE
 
 Busy core-seconds are the whole machine's (/proc/stat), so the numbers hold only on an otherwise quiet machine."""
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT))
+from benchmarks.ray_overhead import TICKS, machine_ticks  # noqa: E402
 
 
 def busy() -> float:
     """The machine's busy core-seconds since boot."""
-    user, nice, system, idle, iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return machine_ticks() / TICKS
 
 
 def main(times: int, lab: str, file: str) -> None:
