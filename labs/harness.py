@@ -252,9 +252,9 @@ def free_port() -> int:
 def start_ray(address: str, watched: dict | None = None, **environment: str) -> None:
     """Ray for a lab's check: started on this machine with 2 CPUs (2 workers), or the cluster at address. Its
     controller polls the workers every 0.2 s (each report waits for a poll), a report that a rank never joins fails
-    after COLLECTIVE_TIMEOUT_S, and every process of the job imports labs/ from this repository and runs
-    labs.watch.setup_worker first (watched: labs.watch.environment's variables). The environment is set first:
-    Ray Train hands it on to its controller and workers."""
+    after COLLECTIVE_TIMEOUT_S, and every process of the job imports labs/ from this repository (then what this
+    process's PYTHONPATH holds) and runs labs.watch.setup_worker first (watched: labs.watch.environment's
+    variables). The environment is set first: Ray Train hands it on to its controller and workers."""
     import ray
 
     from common.ray_setup import WORKER_SETUP, init_options
@@ -262,7 +262,8 @@ def start_ray(address: str, watched: dict | None = None, **environment: str) -> 
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
                       **environment)
     cpus = dict(num_cpus=2, include_dashboard=False) if address == "local" else {}
-    env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": str(ROOT), **(watched or {})}
+    python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": python_path, **(watched or {})}
     ray.init(address=address, **cpus, **init_options(address),
              runtime_env={**WORKER_SETUP, "env_vars": env_vars, "worker_process_setup_hook": "labs.watch.setup_worker"})
 

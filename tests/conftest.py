@@ -49,6 +49,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Nor a preemption watcher per worker group (an actor that waits for a cloud node's notice of preemption): none comes
 # here, and each cost 1.3 core-seconds. The scripts turn it off themselves on a Ray they start (--address local).
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+# Every process the suite starts runs startup/sitecustomize.py first (fewer garbage collections while it imports).
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "startup"),
+                                            *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 class Parsed(Exception):

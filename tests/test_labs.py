@@ -687,3 +687,16 @@ def test_a_labs_ranks_start_with_torchruns_environment_forked_or_not(tmp_path, m
     monkeypatch.setattr(harness, "START_RANK", multiprocessing.get_context(method))
     ranks = harness.start_ranks("os:getenv", "RANK", 2, tmp_path)  # each rank returns os.getenv("RANK")
     assert harness.results(ranks, tmp_path, timeout=60) == ["0", "1"]
+
+
+def test_a_labs_ray_job_imports_this_repository_then_the_path_its_check_was_given(monkeypatch):
+    """The job's PYTHONPATH, which Ray would otherwise replace: the suite's startup/ folder (conftest.py) stays."""
+    import ray
+
+    from labs.harness import ROOT, start_ray
+
+    given = {}
+    monkeypatch.setattr(os, "environ", {**os.environ, "PYTHONPATH": "/some/where"})  # what start_ray sets stays here
+    monkeypatch.setattr(ray, "init", lambda **options: given.update(options))
+    start_ray("local")
+    assert given["runtime_env"]["env_vars"]["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/some/where"]

@@ -246,3 +246,17 @@ def test_a_preloaded_run_is_its_command_lines_run_its_environment_included(monke
         assert preloaded.run(wrong, timeout=60).returncode == 2
     finally:
         preloaded.close()
+
+
+def test_every_process_the_suite_starts_ray_workers_included_collects_garbage_as_startup_says(ray_driver):
+    """tests/startup/sitecustomize.py runs first in a process the suite starts and in a Ray worker of the test
+    cluster (its threshold, not Python's 700)."""
+    import ray
+
+    def threshold():
+        import gc
+        return list(gc.get_threshold())
+
+    child = processes.run([sys.executable, "-c", "import gc; print(list(gc.get_threshold()))"], timeout=60)
+    worker = ray.get(ray.remote(num_cpus=0)(threshold).remote(), timeout=60)
+    assert (child.stdout.strip(), worker) == ("[10000, 10, 10]", [10000, 10, 10])
