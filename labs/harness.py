@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import platform
 import random
 import re
 import signal
@@ -36,6 +37,9 @@ RENDEZVOUS_PORTS = range(20000, 32768)
 CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
 REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/reference.py", "labs/watch.py",
                   "labs/checks/*.py", "labs/solutions/*.py")
+# What holds torch's, MKL's and oneDNN's kernels below what the processor offers: a reference run rounds with them.
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+                   "OPENBLAS_CORETYPE")
 # A rank is forked from the check where fork is safe with torch imported (Linux); Python's own default elsewhere
 # (macOS: spawn, a new interpreter).
 START_RANK = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -91,10 +95,11 @@ def replace_in_common(**functions) -> None:
         setattr(module, name, function)
 
 
-def watch_training(**functions) -> dict:
+def watch_training(float64: bool = False, **functions) -> dict:
     """Replaces build_model and make_optimizer in common/ (and any other of its functions given) so that the lab's
     run records its models, its optimizers and, at every optimizer step, each parameter's gradient: this rank's
-    shard of a sharded one (a DTensor's local part, its name in "sharded")."""
+    shard of a sharded one (a DTensor's local part, its name in "sharded"). With float64, every model is built in
+    double precision (in_float64)."""
     from common.model import build_model
     from common.training import make_optimizer
     from torch.distributed.tensor import DTensor
@@ -111,7 +116,8 @@ def watch_training(**functions) -> dict:
         watched["gradients"].append(gradients)
 
     def watched_build_model(*args, **kwargs):
-        watched["models"].append(build_model(*args, **kwargs))
+        model = build_model(*args, **kwargs)
+        watched["models"].append(in_float64(model) if float64 else model)
         return watched["models"][-1]
 
     def watched_make_optimizer(*args, **kwargs):
@@ -121,6 +127,14 @@ def watch_training(**functions) -> dict:
 
     replace_in_common(build_model=watched_build_model, make_optimizer=watched_make_optimizer, **functions)
     return watched
+
+
+def in_float64(model: torch.nn.Module) -> torch.nn.Module:
+    """The model in double precision, casting its floating-point inputs (common.data's images are float32) to it."""
+    model.double()
+    model.register_forward_pre_hook(lambda _, inputs: tuple(x.double() if x.is_floating_point() else x
+                                                             for x in inputs))
+    return model
 
 
 def load_lab(path):
@@ -211,11 +225,29 @@ def run_ranks(entry: str, lab_file, world_size: int, meanwhile=lambda: None) -> 
 
 def cached(name: str) -> Path:
     """The file that keeps the reference run `name`: its name holds a digest of everything the run depends on (the
-    code in REFERENCE_CODE, the lab's flags, torch's version), so a change to any of them makes a new run."""
-    digest = hashlib.sha256(f"{name} {LAB_FLAGS} {torch.__version__}".encode())
+    code in REFERENCE_CODE, the lab's flags, torch's version, the kernels it ran), so a change to any of them makes a
+    new run."""
+    digest = hashlib.sha256(f"{name} {LAB_FLAGS} {torch.__version__} {kernels()}".encode())
     for path in sorted(path for pattern in REFERENCE_CODE for path in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     return CACHE / f"{name}-{digest.hexdigest()[:16]}.pt"
+
+
+def kernels() -> str:
+    """What chooses the kernels a run rounds with: the processor, the instruction sets torch uses on it, and the
+    settings that hold them lower (KERNEL_SETTINGS)."""
+    settings = {key: os.environ[key] for key in KERNEL_SETTINGS if key in os.environ}
+    return f"{processor()} {torch.backends.cpu.get_cpu_capability()} {settings}"
+
+
+def processor() -> str:
+    """The processor's make, model and instruction sets: Linux's /proc/cpuinfo, elsewhere what platform says."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    fields = ("vendor_id", "cpu family", "model", "model name", "flags")
+    return " ".join(line for line in first.splitlines() if line.split(":")[0].strip() in fields)
 
 
 def load_reference(name: str):

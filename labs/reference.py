@@ -6,7 +6,17 @@ import torch
 from common.data import augment_batch, load_data
 from common.model import build_model
 from common.training import evaluate, make_optimizer
-from labs.harness import lab_args, load_reference, save_reference
+from labs.harness import in_float64, lab_args, load_reference, save_reference
+
+# How far the ranks' run may be from the reference's (a relative difference of gradients or of the weights' updates;
+# an absolute one of losses near 2), both run in float64 (labs.harness.in_float64). A batch split over 2 ranks sums
+# in another order than 1 process's, and AdamW's division by sqrt(v) + eps magnifies the difference step after
+# step: in float32 it reached 4e-6 to 8e-6 by step 8 on an Intel Xeon (AVX-512, ATen's kernels at avx512, avx2 or
+# default, MKL's and oneDNN's held to AVX2 or SSE), and passed the old bound of 1e-4 on an AMD Zen 3. In float64
+# every rounding error is 2**29 times smaller and the same steps magnify it alike: 4e-15 to 2e-14 measured there,
+# so a processor would need float32 differences of 100% (gradients unrelated) to come near 1e-6. A wrong answer
+# is no rounding: it differs at every precision, and the float32 check told each one apart at 1e-4.
+TOLERANCE = 1e-6
 
 
 def recipe(epochs: int) -> dict:
@@ -28,7 +38,7 @@ def train(args, epochs: int) -> dict:
     each epoch's mean loss and accuracy on the whole evaluation set, and the initial and final weights."""
     data = load_data(args.data, args.data_dir, args.eval_images)
     torch.manual_seed(args.seed)
-    model = build_model(args.model)
+    model = in_float64(build_model(args.model))
     initial = {name: value.clone() for name, value in model.state_dict().items()}
     optimizer = make_optimizer(model, args, torch.device("cpu"))
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)

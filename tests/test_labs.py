@@ -443,13 +443,22 @@ WRONG_ANSWERS = {
                          ids=lambda value: value.name.replace(" ", "-") if isinstance(value, WrongAnswer) else value)
 def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, ran_early, tmp_path, lab, wrong):
     (tmp_path / LABS[lab].file).write_text(wrong_answer(lab, wrong))
-    result = check(request, ran_early, lab, wrong.name, tmp_path / LABS[lab].file)
+    assert_fails_for_its_reason(lab, wrong, check(request, ran_early, lab, wrong.name, tmp_path / LABS[lab].file))
+
+
+def assert_fails_for_its_reason(lab: str, wrong: WrongAnswer, result: subprocess.CompletedProcess) -> None:
     lines = verdicts(result.stdout)
     assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
     failed, hint = lines[wrong.check - 1], hint_of(result.stdout, lines[wrong.check - 1])
     assert failed.startswith("FAIL") and wrong.failure in failed and wrong.hint in hint, result.stdout
     if wrong.imported_otherwise:
         assert all(line.startswith("PASS") for line in lines[:wrong.check - 1]), result.stdout
+
+
+def assert_passes(result: subprocess.CompletedProcess) -> None:
+    lines = verdicts(result.stdout)
+    assert result.returncode == 0 and lines and all(line.startswith("PASS") for line in lines), (
+        result.stdout + result.stderr[-3000:])
 
 
 def wrong_answer(lab: str, wrong: WrongAnswer) -> str:
@@ -474,6 +483,43 @@ def imported_otherwise(source: str) -> str:
         words = [name.strip() for name in names.split("#")[0].split(",")]
         source = re.sub(rf"(?<![.\w])({'|'.join(words)})\b", rf"shared_{module}.\1", source)
     return source
+
+
+# The labs compared with the recipe in one process within labs.reference.TOLERANCE.
+WITHIN_TOLERANCE = ("01", "04", "04-accumulate", "hang-rank0", "hang-uneven", "hang-shape")
+# Another processor's kernels, on this one: ATen's dispatch held to a lower instruction set, MKL's code path
+# fixed to an older processor's (its conditional numerical reproducibility), oneDNN's capped. torch names each
+# capability as get_cpu_capability() reports it.
+KERNELS = {"DEFAULT": dict(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE", ONEDNN_MAX_CPU_ISA="SSE41"),
+           "AVX2": dict(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")}
+CAPABILITIES = ["DEFAULT", "AVX2", "AVX512"]  # x86's, in order: torch on other processors offers DEFAULT alone
+
+
+def lower_capabilities() -> list[str]:
+    """The capabilities this machine offers below the one torch picks for it: the suite's other runs use that one."""
+    own = torch.backends.cpu.get_cpu_capability()
+    return CAPABILITIES[:CAPABILITIES.index(own)] if own in CAPABILITIES else []
+
+
+@pytest.fixture(scope="module")
+def kernels_caches(tmp_path_factory) -> dict:
+    """A folder of reference runs for each capability's kernels, which the labs run there share."""
+    return {capability: tmp_path_factory.mktemp(f"labs-cache-{capability}") for capability in lower_capabilities()}
+
+
+@pytest.mark.parametrize("capability, lab", [(capability, lab) for capability in lower_capabilities()
+                                             for lab in WITHIN_TOLERANCE])
+def test_a_solution_passes_with_another_processors_kernels(monkeypatch, kernels_caches, capability, lab):
+    """A lab compared within a tolerance, run with the kernels held below this machine's (KERNELS), the recipe's
+    reference run made there too (the images' float32 arithmetic changes with them): its solution passes. Its wrong
+    answers differ from the recipe by far more than rounding (a factor, another batch, a missing average; at least
+    60% of a step's gradients, 3e-3 of a loss or one test image of 255 on an Intel Xeon, 2026-12-03), and fail on
+    this machine's kernels (test_a_wrong_answer_fails_its_check_with_the_concepts_hint)."""
+    for key, value in {**KERNELS[capability], "LABS_CACHE": str(kernels_caches[capability])}.items():
+        monkeypatch.setenv(key, value)
+    reported = processes.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"])
+    assert reported.stdout.strip() == capability, reported.stderr
+    assert_passes(run_check(lab, lab_file(lab, "labs/solutions"), None))
 
 
 @pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
@@ -581,7 +627,7 @@ def fsdp_units(shard_model) -> list[tuple[str, bool]]:
 
 def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     """A check's reference run is read back while nothing it depends on changed: the attendee's lab file is no part
-    of it. Changed code of common/, or other lab flags, make a new run."""
+    of it. Changed code of common/, other lab flags, kernels held lower or another processor make a new run."""
     from labs import harness
 
     for path in ("common/model.py", "labs/01_ddp.py"):
@@ -597,6 +643,12 @@ def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     assert harness.load_reference("recipe") is None
     harness.save_reference("recipe", {"loss": 1.2})
     monkeypatch.setattr(harness, "LAB_FLAGS", [*harness.LAB_FLAGS, "--lr", "2e-3"])
+    assert harness.load_reference("recipe") is None
+    harness.save_reference("recipe", {"loss": 1.1})
+    monkeypatch.setenv("MKL_CBWR", "AVX2")  # MKL's kernels as on an older processor: they round otherwise
+    assert harness.load_reference("recipe") is None
+    harness.save_reference("recipe", {"loss": 1.0})
+    monkeypatch.setattr(harness, "processor", lambda: "another processor")
     assert harness.load_reference("recipe") is None
 
 

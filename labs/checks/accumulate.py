@@ -1,9 +1,10 @@
-"""Lab 04-accumulate's checks: main() in 2 processes under a profiler, 2 micro-batches per optimizer step, against
-the recipe in 1 process on whole batches, unsharded and un-accumulated (labs.reference). The profiler counts the
-reduce-scatters each rank issued; every optimizer step's gradients are recorded (labs.checks.fully_shard.watch)."""
+"""Lab 04-accumulate's checks: main() in 2 processes under a profiler, 2 micro-batches per optimizer step, against the
+recipe in 1 process on whole batches, unsharded and un-accumulated (labs.reference), both in float64. The profiler
+counts the reduce-scatters each rank issued; every optimizer step's gradients are recorded
+(labs.checks.fully_shard.watch)."""
 from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
-from labs.checks.fully_shard import GRADIENT_TOLERANCE, LOSS_TOLERANCE, watch
+from labs.checks.fully_shard import watch
 from labs.harness import Outcome, RunFailed, crashed, lab_args, run_ranks
 
 ACCUMULATE = ["--grad-accum-steps", "2"]
@@ -27,7 +28,7 @@ def watched_main(lab_file) -> dict:
 
 
 def same_steps(alone: dict, pair: list[dict]):
-    match reference.first_difference(alone, pair, GRADIENT_TOLERANCE):
+    match reference.first_difference(alone, pair, reference.TOLERANCE):
         case "steps", steps, _:
             return Outcome(SAME_STEPS, f"{steps} optimizer steps for {len(alone['steps'])} batches of "
                                        f"{ACCUMULATE[1]} micro-batches",
@@ -59,7 +60,7 @@ def same_loss(alone: dict, watched: dict):
         return Outcome(SAME_LOSS, f"{len(watched['losses'])} losses reported for {len(alone['steps'])} optimizer "
                                   "steps", "one loss per optimizer step")
     for step, (one, two) in enumerate(zip(alone["steps"], watched["losses"], strict=True)):
-        if abs(one["loss"] - two) > LOSS_TOLERANCE:
+        if abs(one["loss"] - two) > reference.TOLERANCE:
             return Outcome(SAME_LOSS, f"step {step + 1}: 2 ranks reported train loss {two:.5f}, 1 process "
                                       f"{one['loss']:.5f}", "a step's loss is the sum of its micro-batches' shares, "
                                                              "averaged over the ranks")

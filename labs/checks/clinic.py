@@ -1,6 +1,6 @@
-"""The hang clinic's checks (labs 07_hang_*): the diagnosis written in the file against where the untouched file
-waits (known here, and shown by its run: tests/test_labs.py), then main() in 2 processes, whose collectives time out
-after HANG_TIMEOUT_S, against the recipe in 1 process (labs.reference): the run ends, every optimizer step's
+"""The hang clinic's checks (labs 07_hang_*): the diagnosis written in the file against where the untouched file waits
+(known here, and shown by its run: tests/test_labs.py), then main() in 2 processes, whose collectives time out after
+HANG_TIMEOUT_S, against the recipe in 1 process (labs.reference), both in float64: the run ends, every optimizer step's
 gradients are 1 process's, and rank 0's log holds 1 process's loss and accuracy."""
 import os
 from datetime import timedelta
@@ -18,8 +18,6 @@ CHECKS = [DIAGNOSED, ENDS, SAME_TRAINING]
 # ranks start together and take well under a second between two collectives, even on a busy 2-core machine. More
 # (LABS_HANG_TIMEOUT_S=120) leaves time to run py-spy dump on the waiting ranks.
 HANG_TIMEOUT_S = float(os.environ.get("LABS_HANG_TIMEOUT_S", 10))
-# As lab 01's check (labs/checks/ddp.py): 2 ranks of 16 images sum in another order than 1 process of 32.
-GRADIENT_TOLERANCE, LOSS_TOLERANCE = 1e-4, 1e-5
 
 
 def run(lab_file, truth: dict) -> list[Outcome]:
@@ -57,13 +55,13 @@ def watched_main(lab_file) -> dict:
     """In each process: the lab's main(), its collectives timing out after HANG_TIMEOUT_S, every optimizer step's
     gradients recorded."""
     c10d.default_pg_timeout = timedelta(seconds=HANG_TIMEOUT_S)
-    watched = watch_training()
+    watched = watch_training(float64=True)
     history = load_lab(lab_file).main(lab_args())
     return dict(history=history, gradients=watched["gradients"], sharded=watched["sharded"])
 
 
 def same_training(alone: dict, pair: list[dict]) -> Outcome:
-    match reference.first_difference(alone, pair, GRADIENT_TOLERANCE):
+    match reference.first_difference(alone, pair, reference.TOLERANCE):
         case "steps", steps, _:
             return Outcome(SAME_TRAINING, f"rank 0 took {steps} optimizer steps; 1 process takes "
                                           f"{len(alone['steps'])}",
@@ -77,7 +75,7 @@ def same_training(alone: dict, pair: list[dict]) -> Outcome:
         return Outcome(SAME_TRAINING, f"rank 0 took {len(pair[0]['gradients'])} optimizer steps, rank 1 "
                                       f"{len(pair[1]['gradients'])}", "every rank takes the same steps")
     for ours, theirs in zip(alone["history"], pair[0]["history"], strict=False):
-        if abs(ours["train_loss"] - theirs["train_loss"]) > LOSS_TOLERANCE:
+        if abs(ours["train_loss"] - theirs["train_loss"]) > reference.TOLERANCE:
             return Outcome(SAME_TRAINING, f"epoch {ours['epoch']}: rank 0 logged train loss "
                                           f"{theirs['train_loss']:.5f}, 1 process {ours['train_loss']:.5f}",
                            "rank 0's log must be every rank's loss: every rank calls the collective that sums it, "

@@ -1,6 +1,6 @@
-"""Lab 01's checks: main() in 2 processes against the recipe in 1 process on whole batches (labs.reference). Each
-rank runs the lab under watch (the functions of common/ it calls, replaced where they are defined): which images
-each step trained and in what process group (augment_batch sees their ids), the gradients of every optimizer step
+"""Lab 01's checks: main() in 2 processes against the recipe in 1 process on whole batches (labs.reference), both in
+float64. Each rank runs the lab under watch (the functions of common/ it calls, replaced where they are defined): which
+images each step trained and in what process group (augment_batch sees their ids), the gradients of every optimizer step
 and the final weights (labs.harness.watch_training), and what each rank's evaluation scored."""
 import itertools
 import os
@@ -19,9 +19,6 @@ SAME_TRAINING = "every step's gradients, and the final weights, are 1 process's:
 GLOBAL_LOSS = "the reported train loss is the mean over every rank's images"
 GLOBAL_ACCURACY = "the reported accuracy is the whole test set's, not one rank's shard's"
 CHECKS = [ONE_GROUP, SHARDS, SAME_TRAINING, GLOBAL_LOSS, GLOBAL_ACCURACY]
-# 2 ranks of 16 images sum their gradients in another order than 1 process of 32. On the solution (AMD EPYC Zen 5):
-# gradients up to 8e-6 apart relative to their size by step 8, the weights' updates 5e-5, the losses 1e-7.
-GRADIENT_TOLERANCE, WEIGHT_TOLERANCE, LOSS_TOLERANCE = 1e-4, 1e-3, 1e-5
 
 
 def run(lab_file) -> list:
@@ -33,9 +30,10 @@ def run(lab_file) -> list:
             global_accuracy(pair)]
 
 
-def watched_main(lab_file, *flags: str) -> dict:
-    """In each process: the lab's main(), with the common functions it calls recording what they see; then this
-    rank's share of the test set scored with its final weights, as every rank must score it."""
+def watched_main(lab_file, *flags: str, float64: bool = True) -> dict:
+    """In each process: the lab's main(), with the common functions it calls recording what they see (its model in
+    double precision, as the reference's, unless float64 is False); then this rank's share of the test set scored
+    with its final weights, as every rank must score it."""
     steps, tallies = [], []
 
     def watched_augment_batch(images, ids, epoch, seed):
@@ -48,7 +46,7 @@ def watched_main(lab_file, *flags: str) -> dict:
         tallies.append(tally.tolist())  # before any all-reduce changes it
         return tally
 
-    watched = watch_training(augment_batch=watched_augment_batch, evaluate=watched_evaluate)
+    watched = watch_training(float64, augment_batch=watched_augment_batch, evaluate=watched_evaluate)
     args = lab_args(*flags)
     history = load_lab(lab_file).main(args)
     group_left = not dist.is_initialized()
@@ -102,7 +100,7 @@ def shards(alone: dict, pair: list[dict]):
 
 
 def same_training(alone: dict, pair: list[dict]):
-    match reference.first_difference(alone, pair, GRADIENT_TOLERANCE):
+    match reference.first_difference(alone, pair, reference.TOLERANCE):
         case "ranks differ", step, _:
             return Outcome(SAME_TRAINING, f"step {step}: rank 0's and rank 1's gradients differ",
                            "each rank's gradients come from its own images: something must average them over the "
@@ -121,7 +119,7 @@ def same_training(alone: dict, pair: list[dict]):
     trained = {k: v - alone["initial"][k] for k, v in alone["weights"].items()}
     for rank, watched in enumerate(pair):
         moved = {k: v - alone["initial"][k] for k, v in watched["weights"].items()}
-        if (difference := reference.relative_difference(moved, trained)) > WEIGHT_TOLERANCE:
+        if (difference := reference.relative_difference(moved, trained)) > reference.TOLERANCE:
             return Outcome(SAME_TRAINING, f"rank {rank}'s weights moved {difference:.1%} away from where 1 "
                                           "process's moved in training",
                            "every rank must start from the same weights and take the same steps")
@@ -130,7 +128,7 @@ def same_training(alone: dict, pair: list[dict]):
 
 def global_loss(alone: dict, pair: list[dict]):
     for one, two in zip(alone["history"], pair[0]["history"], strict=False):
-        if abs(one["train_loss"] - two["train_loss"]) > LOSS_TOLERANCE:
+        if abs(one["train_loss"] - two["train_loss"]) > reference.TOLERANCE:
             return Outcome(GLOBAL_LOSS, f"epoch {one['epoch']}: rank 0 reported train loss {two['train_loss']:.5f}, "
                                         f"1 process {one['train_loss']:.5f}",
                            "each rank's loss is its own images' mean: the epoch's loss is the mean over every "

@@ -58,7 +58,7 @@ def run(lab_file, address) -> list:
 
 
 def uninterrupted(lab_file) -> dict:
-    return ddp.watched_main(lab_file, "--epochs", str(EPOCHS))
+    return ddp.watched_main(lab_file, "--epochs", str(EPOCHS), float64=False)  # as Ray's workers train
 
 
 def fit(lab, folder: Path, epochs: int) -> tuple:
