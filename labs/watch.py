@@ -82,12 +82,15 @@ def watched_report(report):
 
 def weights_digest() -> str | None:
     """A digest of the weights of the last model built in this process: the same on two ranks only if bit for bit."""
-    if not MODELS:
-        return None
-    digest = hashlib.sha1()
-    for value in MODELS[-1].state_dict().values():
-        digest.update(value.detach().cpu().numpy().tobytes())
-    return digest.hexdigest()
+    return digest(MODELS[-1].state_dict()) if MODELS else None
+
+
+def digest(state_dict: dict) -> str:
+    """A digest of a state dict's tensors, in its order (a check's digest of a checkpoint is compared with it)."""
+    hashed = hashlib.sha1()
+    for value in state_dict.values():
+        hashed.update(value.detach().cpu().numpy().tobytes())
+    return hashed.hexdigest()
 
 
 # What a check may watch: each function, by where it is defined, and where else a lab may find it.

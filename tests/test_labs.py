@@ -267,6 +267,28 @@ WRONG_ANSWERS = {
             ("            if master_process:\n                save_checkpoint",
              "            if master_process and epoch + 1 == args.epochs:\n                save_checkpoint")],
                     3, "the run kept 1 checkpoint(s) in 2 epochs", "once per epoch on every rank"),
+        WrongAnswer("DDP's wrapper checkpointed", [
+            ("state = dict(model=raw_model.state_dict(),", "state = dict(model=model.state_dict(),")],
+                    3, "the checkpoint of epoch 1 holds DDP's wrapper's keys (module.<name>)",
+                    "save the model it wraps (model.module)"),
+        WrongAnswer("the checkpoint written after its report", [
+            ("                save_checkpoint(Path(checkpoint_dir) / \"checkpoint.pt\", state)\n", ""),
+            ("            ray.train.report(history[-1], checkpoint=checkpoint)\n",
+             "            ray.train.report(history[-1], checkpoint=checkpoint)\n            if master_process:\n"
+             "                save_checkpoint(Path(checkpoint_dir) / \"checkpoint.pt\", state)\n")],
+                    3, "the checkpoint of epoch 1 holds nothing (an empty folder), no checkpoint.pt",
+                    "write checkpoint.pt into it before the report"),
+        WrongAnswer("the checkpoint saved as its epoch starts", [
+            ("        sampler.set_epoch(epoch)\n",
+             "        sampler.set_epoch(epoch)\n        start_dir = tempfile.mkdtemp()\n        if master_process:\n"
+             "            save_checkpoint(Path(start_dir) / \"checkpoint.pt\", dict(\n"
+             "                model=raw_model.state_dict(), optimizer=optimizer.state_dict(), epoch=epoch,\n"
+             "                history=history, model_preset=args.model))\n"),
+            ("                save_checkpoint(Path(checkpoint_dir) / \"checkpoint.pt\", state)\n"
+             "                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)\n",
+             "                checkpoint = ray.train.Checkpoint.from_directory(start_dir)\n")],
+                    3, "the checkpoint of epoch 1 holds the weights rank 0 held at no report, not at that epoch's",
+                    "save them after the epoch's training"),
         WrongAnswer("a resume without the optimizer's state", [
             ("        optimizer.load_state_dict(state[\"optimizer\"])\n", "")],
                     4, "the checkpoint's weights, optimizer state", "from everything it holds"),
@@ -304,6 +326,17 @@ WRONG_ANSWERS = {
              "rank must\n            # call report, and equally often.\n            ray.train.report(",
              "        ray.train.report(")],
                     1, "No such file or directory", "report before the temporary folder is deleted"),
+        WrongAnswer("the checkpoint written after its report", [
+            ("                torch.save(model.module.state_dict(), Path(checkpoint_dir) / \"model.pt\")\n", ""),
+            ("checkpoint=checkpoint)\n", "checkpoint=checkpoint)\n            if master_process:\n"
+                                          "                torch.save(model.module.state_dict(), "
+                                          "Path(checkpoint_dir) / \"model.pt\")\n")],
+                    3, "the checkpoint of epoch 1 holds nothing (an empty folder), no model.pt",
+                    "write model.pt into it before the report"),
+        WrongAnswer("DDP's wrapper checkpointed", [
+            ("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
+                    3, "the checkpoint of epoch 1 holds DDP's wrapper's keys (module.<name>)",
+                    "save the model it wraps (model.module)"),
     ],
     "05": [
         WrongAnswer("tuned on the test set", [("dict(vars(args), data=\"cifar10-val\", **SEARCH_SPACE)",

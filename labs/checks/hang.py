@@ -1,26 +1,32 @@
 """Lab 02-hang's checks: the lab's train_func on 2 Ray workers, with Ray's collective timeout set so that a report
 that one rank never joins ends the run with an error (labs.harness.start_ray). In every process of Ray's job,
-ray.train.report records each call: its rank, and whether it attached a checkpoint (labs.watch)."""
+ray.train.report records each call: its rank, whether it attached a checkpoint, its metrics and a digest of the
+rank's weights (of the model build_model built, labs.watch). Each checkpoint the run kept is then loaded into a plain
+model, as step 06 loads one, and compared with rank 0's weights at its epoch's report."""
 import tempfile
 from pathlib import Path
 
 import ray
+import torch
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from common.model import build_model
 from labs import watch
 from labs.harness import COLLECTIVE_TIMEOUT_S, Outcome, lab_args, load_lab, ray_error, start_ray
 
 ENDS = f"the run ends without an error: no report waits {COLLECTIVE_TIMEOUT_S} s for a rank that never joins it"
 EQUAL_REPORTS = "every rank calls ray.train.report equally often: once per epoch"
-ONE_CHECKPOINT = "rank 0 alone attaches a checkpoint, and the run keeps one per epoch"
+ONE_CHECKPOINT = ("rank 0 alone attaches a checkpoint, and the run keeps one per epoch, which a plain model loads "
+                  "with that epoch's weights")
 CHECKS = [ENDS, EQUAL_REPORTS, ONE_CHECKPOINT]
+SAVE_HINT = "a checkpoint holds the state dict of the model DDP wraps (its weights by name), which a plain model loads"
 
 
 def run(lab_file, address) -> list:
     lab = load_lab(lab_file)
     with tempfile.TemporaryDirectory() as folder:
-        start_ray(address, watch.environment(folder, ["report"]))
+        start_ray(address, watch.environment(folder, ["build_model", "report"]))
         trainer = TorchTrainer(lab.train_func, train_loop_config=vars(lab_args()),
                                scaling_config=ScalingConfig(num_workers=2),
                                run_config=RunConfig(storage_path=str(Path(folder, "storage"))))
@@ -29,8 +35,9 @@ def run(lab_file, address) -> list:
         except Exception as failed:  # TrainingFailedError, with Ray's timeout among its lines
             result, error = None, ray_error(failed)
         reports = [call for call in watch.read(folder) if call["function"] == "report"]
+        outcomes = [ends(error), equal_reports(reports), one_checkpoint(reports, result)]  # while storage is there
     ray.shutdown()
-    return [ends(error), equal_reports(reports), one_checkpoint(reports, result)]
+    return outcomes
 
 
 def ends(error: str | None):
@@ -57,11 +64,60 @@ def equal_reports(reports: list[dict]):
 
 def one_checkpoint(reports: list[dict], result):
     epochs, attached = lab_args().epochs, made(reports, checkpoint=True)
-    kept = len(getattr(result, "best_checkpoints", None) or [])
-    failure = None
+    kept = getattr(result, "best_checkpoints", None) or []
+    failure, hint = None, ("DDP's ranks hold the same weights: one rank's copy is the checkpoint, another's would "
+                           "only be written and uploaded again")
     if attached != [epochs, 0]:
         failure = f"rank 0 attached a checkpoint {attached[0]} time(s), rank 1 {attached[1]}, in {epochs} epochs"
-    elif kept != epochs:
-        failure = f"the run kept {kept} checkpoint(s) in {epochs} epochs"
-    return Outcome(ONE_CHECKPOINT, failure, "DDP's ranks hold the same weights: one rank's copy is the checkpoint, "
-                                            "another's would only be written and uploaded again")
+    elif len(kept) != epochs:
+        failure = f"the run kept {len(kept)} checkpoint(s) in {epochs} epochs"
+    else:
+        failure, hint = unloadable(kept, reports, "model.pt") or (None, hint)
+    return Outcome(ONE_CHECKPOINT, failure, hint)
+
+
+def unloadable(kept: list, reports: list[dict], file: str, weights=lambda saved: saved) -> tuple[str, str] | None:
+    """The first of the run's kept checkpoints (Result.best_checkpoints) that fails checkpoint_failure: what it showed,
+    and the hint; None if none does. file: the checkpoint's file; weights: the model's state dict in what it holds."""
+    at_report = {report["metrics"].get("epoch"): report["weights"] for report in reports if report["rank"] == 0}
+    for checkpoint, metrics in kept:
+        with checkpoint.as_directory() as folder:
+            if failed := checkpoint_failure(Path(folder) / file, weights, metrics.get("epoch"), at_report):
+                return failed
+    return None
+
+
+def checkpoint_failure(path: Path, weights, epoch, at_report: dict) -> tuple[str, str] | None:
+    """What a plain model of the lab's preset shows when it loads the checkpoint's file strictly, as step 06 does, and
+    the hint; None if it then holds rank 0's weights at the report of the checkpoint's epoch (at_report: the
+    digests)."""
+    of, preset = f"the checkpoint of epoch {epoch}", lab_args().model
+    if not path.exists():
+        files = sorted(file.name for file in path.parent.iterdir())
+        return (f"{of} holds {files or 'nothing (an empty folder)'}, no {path.name}",
+                f"ray.train.report copies the checkpoint's folder into storage as it is then: write {path.name} into "
+                "it before the report")
+    try:
+        state = weights(torch.load(path, weights_only=True))
+    except Exception as error:  # not a file of tensors, or not laid out as the lab saves it
+        return f"{of}'s {path.name} does not load: {said(error)}", SAVE_HINT
+    if isinstance(state, dict) and any(str(key).startswith("module.") for key in state):
+        return (f"{of} holds DDP's wrapper's keys (module.<name>), which a plain {preset} model does not load",
+                "DDP's wrapper names each weight after it: save the model it wraps (model.module), which a plain "
+                "model (step 06's) loads")
+    model = build_model(preset)
+    try:
+        model.load_state_dict(state, strict=True)
+    except Exception as error:  # another model's weights, or not a state dict
+        return f"a plain {preset} model does not load {of}: {said(error)}", SAVE_HINT
+    held = watch.digest(model.state_dict())
+    if held != at_report.get(epoch):
+        then = next((f"epoch {e}'s" for e, digest in at_report.items() if digest == held), "no")
+        return (f"{of} holds the weights rank 0 held at {then} report, not at that epoch's",
+                "a checkpoint holds the weights its epoch ended with: save them after the epoch's training, into the "
+                "folder of that epoch's report")
+    return None
+
+
+def said(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"

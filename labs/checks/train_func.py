@@ -2,20 +2,22 @@
 labs.checks.ddp), while Ray starts and runs the lab's fit() for 2 epochs, then, if that run passed the checks, fit()
 for 3 under the same run name. In every process of Ray's job, augment_batch records which images each rank trained in
 which epoch, and ray.train.report each report: its rank, its checkpoint, its metrics and a digest of the rank's
-weights (labs.watch)."""
+weights (labs.watch). Each checkpoint the first run kept is loaded into a plain model, as step 06 loads one, and
+compared with rank 0's weights at its epoch's report."""
 import tempfile
 from pathlib import Path
 
 import torch
 
 from labs import watch
-from labs.checks import ddp
+from labs.checks import ddp, hang
 from labs.harness import (Outcome, ROOT, crashed, lab_args, load_lab, load_reference, ray_error, results,
                           save_reference, start_ranks, start_ray)
 
 ON_RAY = "fit() trains train_func on 2 Ray workers in one process group, in the run `name` under storage"
 SAME_TRAINING = "the workers train torchrun's shards of every epoch, and keep the same weights (gradients averaged)"
-REPORTS = "every epoch, every rank reports once, and the run keeps rank 0's checkpoint with torchrun's metrics"
+REPORTS = ("every epoch, every rank reports once, and the run keeps rank 0's checkpoint with torchrun's metrics, "
+           "which a plain model loads with that epoch's weights")
 RESUMES = ("a run started again under its name trains only the epochs left, and its checkpoint then holds what an "
            "uninterrupted run's does: weights, optimizer state, history")
 CHECKS = [ON_RAY, SAME_TRAINING, REPORTS, RESUMES]
@@ -127,7 +129,8 @@ def reports(first, calls: list[dict], torchrun: dict):
     elif [{key: metrics.get(key) for key in expected[0]} for _, metrics in kept] != expected:
         failure = f"the run's checkpoints came with {[metrics for _, metrics in kept]}; torchrun's epochs: {expected}"
     else:
-        failure = None
+        failure, hint = hang.unloadable(kept, trained(calls, "report"), "checkpoint.pt",
+                                        lambda saved: saved["model"]) or (None, hint)
     return Outcome(REPORTS, failure, hint)
 
 
