@@ -3,8 +3,9 @@ that each build a TorchTrainer, tuned on the validation split.
 
 sweep() below runs its trials to the end, whatever they score, and tunes on the test set. The check reads
 SEARCH_SPACE first, and runs no sweep until it passes; then it runs sweep() with 3 trials of 2 epochs (1 worker
-each; the data a trial asks for is recorded, and synthetic images stand in for it, so nothing downloads), and looks
-at which split the trials used and at what Tune stopped:
+each; the data a trial asks for is recorded, and synthetic images stand in for it, each split's its own, so nothing
+downloads), and looks at the images the trials scored, at each of ASHA's decisions and at the best result Tune
+returns:
 
     python -m labs.check 05
 
@@ -38,7 +39,8 @@ def sweep(args, storage: str) -> ray.tune.ResultGrid:
     """args.num_samples trials, one at a time; trial 0 trains the flags as given."""
     recipe = {key: getattr(args, key) for key in SEARCH_SPACE}
     search = BasicVariantGenerator(points_to_evaluate=[recipe], max_concurrent=1, random_state=args.seed)
-    # TODO 2: after each trial's first epoch, stop those that score below the median of the trials that got there.
+    # TODO 2: after each trial's first epoch, stop those that score below the median of the trials that got there;
+    # the others train to the run's end.
     asha = None
     tuner = ray.tune.Tuner(
         ray.tune.with_resources(run_trial, TRIAL_RESOURCES),

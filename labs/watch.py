@@ -17,6 +17,7 @@ from common.worker_setup import setup_worker as setup_ray_worker
 
 FOLDER, WATCHED = "LABS_WATCH_FOLDER", "LABS_WATCHED"  # the environment Ray hands on to the job's processes
 MODELS = []  # the models built in this process, for the weights' digest at each report
+HELD_OUT = 1024  # the synthetic training images that stand in for the 5,000 cifar10-val holds out (stand_in)
 
 
 def environment(folder, watched: list[str]) -> dict:
@@ -64,11 +65,39 @@ def watched_build_model(build_model):
 
 
 def watched_load_data(load_data):
-    """load_data, recording the data asked for and loading the synthetic images instead (nothing downloads)."""
+    """load_data, recording the data asked for and handing out synthetic images instead (nothing downloads)."""
     def load_data_recording(name, data_dir, eval_images=None):
         record("load_data", data=name)
-        return load_data("synthetic", data_dir, eval_images)
+        return stand_in(load_data, name, data_dir, eval_images)
     return load_data_recording
+
+
+def stand_in(load_data, name: str, data_dir, eval_images=None):
+    """The synthetic images the watched load_data hands out for `name`: cifar10-val's hold out the last HELD_OUT
+    training images to evaluate on, as the real split holds out the last 5,000, so that a check tells the splits
+    apart by their images (image_digests); any other name gets the synthetic images as they are."""
+    if name != "cifar10-val":
+        return load_data("synthetic", data_dir, eval_images)
+    from common.data import Data
+
+    whole = load_data("synthetic", data_dir)
+    cut = len(whole.train_labels) - HELD_OUT
+    held_out = whole.train_images[cut:][:eval_images], whole.train_labels[cut:][:eval_images]
+    return Data(whole.train_images[:cut], whole.train_labels[:cut], *held_out,
+                f"synthetic stand-in for cifar10-val ({cut} train / {len(held_out[1])} validation images)")
+
+
+def watched_evaluate(evaluate):
+    """evaluate, recording a digest of each image it is given to score."""
+    def evaluate_recording(model, images, labels, *args, **kwargs):
+        record("evaluate", images=image_digests(images))
+        return evaluate(model, images, labels, *args, **kwargs)
+    return evaluate_recording
+
+
+def image_digests(images) -> list[str]:
+    """A short digest of each image of a batch: which split an image came from, whatever tensor holds it."""
+    return [hashlib.blake2b(image.numpy().tobytes(), digest_size=8).hexdigest() for image in images.cpu()]
 
 
 def watched_report(report):
@@ -97,6 +126,7 @@ def digest(state_dict: dict) -> str:
 WATCHERS = {
     "augment_batch": (watched_augment_batch, ["common.data"]),
     "build_model": (watched_build_model, ["common.model"]),
+    "evaluate": (watched_evaluate, ["common.training"]),
     "load_data": (watched_load_data, ["common.data"]),
     "report": (watched_report, ["ray.train.v2.api.train_fn_utils", "ray.train"]),
 }

@@ -1,24 +1,32 @@
 """Lab 05's checks: SEARCH_SPACE as written, then, if it passes, the lab's sweep() of 3 trials of 2 epochs, 1 worker
-each. In every process of Ray's job, load_data records the data a trial asks for and hands out the synthetic images
-instead (labs.watch); in this process, where Tune's controller runs, the ASHA scheduler's every decision is
-recorded."""
+each. In every process of Ray's job, load_data records the data a trial asks for and hands out synthetic images
+instead, each split's its own, and evaluate records the images it scores (labs.watch); in this process, where Tune's
+controller runs, the ASHA scheduler's every decision is recorded, with the rung it compared the trial at and the
+cutoff it drew there from the trials before it."""
+import statistics
 import tempfile
+from collections import Counter
+from dataclasses import dataclass
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from ray.tune.search.sample import Domain, LogUniform
 
+from common.data import load_data
 from labs import watch
 from labs.harness import Outcome, crashed, lab_args, load_lab, ray_error, start_ray
 
-VALIDATION = "every trial trains and is scored on the validation split, not the test set"
+VALIDATION = "every trial trains on cifar10-val and is scored on the images it holds out, not the test set's"
 SEARCHED = "lr and weight_decay are searched on a log scale around the recipe's, and every trial tries other values"
 SEEN = "Tune sees every epoch each trial's Ray Train run reports"
-COMPARED = "ASHA compares the trials after their first epoch: it stops one below the others, another trains to the end"
-CHECKS = [VALIDATION, SEARCHED, SEEN, COMPARED]
+COMPARED = "after their first epoch, ASHA stops the trials below the median test_accuracy of those before them"
+TRAINED = "a trial ASHA keeps trains to the run's last epoch, ASHA's max_t"
+BEST = "the best result Tuner.fit() returns is the trial that scored best"
+CHECKS = [VALIDATION, SEARCHED, SEEN, COMPARED, TRAINED, BEST]
 TRIALS = 3
 # Long enough that the first epoch's accuracy tells the trials apart: after 4 steps they all sit near chance.
 LONGER_EPOCHS = ["--steps-per-epoch", "8"]
 RECIPE = {"lr": 2e-3, "weight_decay": 0.05}  # the steps' defaults (common/flags.py)
+METRIC = "test_accuracy"  # what train_func reports: on cifar10-val, the validation accuracy
 
 
 def run(lab_file, address) -> list:
@@ -30,32 +38,47 @@ def run(lab_file, address) -> list:
         return [space if check == SEARCHED else Outcome(check, not_run, "") for check in CHECKS]
     # A trial that reports nothing to Tune ends as done, not as an error: the check then says what Tune saw.
     with tempfile.TemporaryDirectory() as storage, recording_decisions() as decisions:
-        start_ray(address, watch.environment(storage, ["load_data"]), TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
+        start_ray(address, watch.environment(storage, ["load_data", "evaluate"]),
+                  TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
         args.checkpoint_dir = storage
         try:
-            results = list(lab.sweep(args, storage))
+            grid = lab.sweep(args, storage)
         except Exception as error:
             return crashed(CHECKS, ray_error(error))
-        splits = sorted({call["data"] for call in watch.read(storage)})
-    errors = [result.error for result in results if result.error]
-    if errors:
-        return crashed(CHECKS, f"{len(errors)} trial(s) failed: {ray_error(errors[0])}")
-    return [validation(splits), searched([result.config for result in results]),
-            seen(results, args.epochs), compared(decisions, args.epochs)]
+        results = list(grid)
+        errors = [result.error for result in results if result.error]
+        if errors:
+            return crashed(CHECKS, f"{len(errors)} trial(s) failed: {ray_error(errors[0])}")
+        return [validation(watch.read(storage), args), searched([result.config for result in results]),
+                seen(results), compared(decisions), trained(decisions, args.epochs), best(grid, results)]
+
+
+@dataclass
+class Decision:
+    """One of ASHA's decisions, on a trial's report: the rung (an epoch) at which ASHA compared it with the trials
+    recorded there before it, and the cutoff it drew from their metrics (None where it compared at no rung)."""
+    trial: str  # "trial 0": Tune's order, trial 0 trains the flags as given
+    epoch: int  # as the trial reported it (ASHA's time_attr may be another name for it)
+    metric: float  # the trial's test_accuracy
+    action: str  # TrialScheduler.CONTINUE or STOP
+    rung: float | None
+    cutoff: float | None
+    max_t: float
 
 
 class recording_decisions:
-    """ASHA's decisions, (trial id, epoch, decision, the metric it decided on), while the sweep runs: its
-    on_trial_result replaced in its class, so whichever ASHA the lab makes records them."""
+    """ASHA's decisions while the sweep runs: its on_trial_result replaced in its class, so whichever ASHA the lab
+    makes records them."""
 
-    def __enter__(self) -> list:
+    def __enter__(self) -> list[Decision]:
         decisions, self.decide = [], AsyncHyperBandScheduler.on_trial_result
 
         def recorded(scheduler, tune_controller, trial, result):
-            decision = self.decide(scheduler, tune_controller, trial, result)
-            decisions.append((trial.trial_id, result.get(scheduler._time_attr), decision,
-                              result.get(scheduler._metric)))
-            return decision
+            bracket = scheduler._trial_info[trial.trial_id]
+            before = {milestone: dict(rung) for milestone, rung in bracket._rungs}
+            action = self.decide(scheduler, tune_controller, trial, result)
+            decisions.append(decision(scheduler, bracket, before, trial.trial_id, result, action))
+            return action
 
         AsyncHyperBandScheduler.on_trial_result = recorded
         return decisions
@@ -64,13 +87,51 @@ class recording_decisions:
         AsyncHyperBandScheduler.on_trial_result = self.decide
 
 
-def validation(splits: list[str]):
+def decision(scheduler, bracket, before: dict, trial_id: str, result: dict, action: str) -> Decision:
+    """A decision as the bracket's rungs show it: the rung that recorded this trial's result (before: each rung's
+    records before it), in the metric's own sign (ASHA records its negative when it minimises)."""
+    rung = next((milestone for milestone, recorded in bracket._rungs
+                 if trial_id in recorded and trial_id not in before[milestone]), None)
+    cutoff = bracket.cutoff(before.get(rung, {}))
+    return Decision(trial_name(trial_id), result.get("epoch"), result.get(METRIC), action, rung,
+                    None if cutoff is None else scheduler._metric_op * float(cutoff), scheduler._max_t)
+
+
+def trial_name(trial_id: str) -> str:
+    """Tune numbers its trials in the order it makes them (<experiment>_00000, ...)."""
+    return f"trial {int(trial_id.rsplit('_', 1)[-1])}"
+
+
+VALIDATION_HINT = ("a sweep keeps the trial that scores best: scored on the test set, it fits the test set, which "
+                   "then measures nothing; scored on images it trains on, it rewards memorising them. Score on the "
+                   "images cifar10-val holds out, which load_data hands out as its test_images")
+
+
+def validation(calls: list[dict], args):
+    """The images every evaluate call scored, told apart by the split the watched load_data hands them out in."""
+    held_out = watch.stand_in(load_data, "cifar10-val", args.data_dir, args.eval_images)
+    expected = sorted(watch.image_digests(held_out.test_images))
+    asked = sorted({call["data"] for call in calls if call["function"] == "load_data"})
+    scored = [call["images"] for call in calls if call["function"] == "evaluate"]
+    wrong = next((images for images in scored if sorted(images) != expected), None)
     failure = None
-    if splits != ["cifar10-val"]:
-        failure = f"the trials asked load_data for {splits}" + (" (scored on the test set)" if "cifar10" in splits
-                                                                 else "")
-    return Outcome(VALIDATION, failure, "a sweep that picks the best test accuracy has fit the test set, which "
-                                        "then measures nothing: tune on the held-out cifar10-val")
+    if not scored:
+        failure = f"no trial scored any images with evaluate (they asked load_data for {asked})"
+    elif wrong is not None:
+        failure = (f"a trial scored {len(wrong)} images: {where_from(wrong, held_out, args)} (cifar10-val holds "
+                   f"out {len(expected)}); they asked load_data for {asked}")
+    elif asked != ["cifar10-val"]:
+        failure = f"the trials asked load_data for {asked}"
+    return Outcome(VALIDATION, failure, VALIDATION_HINT)
+
+
+def where_from(images: list[str], held_out, args) -> str:
+    """How many of these images (digests) each split holds, as the watched load_data hands them out."""
+    splits = {**dict.fromkeys(watch.image_digests(load_data("synthetic", args.data_dir).test_images), "the test set"),
+              **dict.fromkeys(watch.image_digests(held_out.train_images), "cifar10-val's training images"),
+              **dict.fromkeys(watch.image_digests(held_out.test_images), "the images cifar10-val holds out")}
+    counts = Counter(splits.get(image, "no split's images") for image in images)
+    return ", ".join(f"{count} from {split}" for split, count in counts.most_common())
 
 
 SEARCHED_HINT = ("a learning rate or a weight decay acts by its order of magnitude: sample it log-uniformly "
@@ -102,7 +163,7 @@ def searched(configs: list[dict]):
     return Outcome(SEARCHED, None, SEARCHED_HINT)
 
 
-def seen(results: list, epochs: int):
+def seen(results: list):
     last = [(result.metrics or {}).get("epoch", 0) for result in results]
     failure = None
     if not any(last):
@@ -110,15 +171,117 @@ def seen(results: list, epochs: int):
     return Outcome(SEEN, failure, "Tune sees a Ray Train run's reports only through a callback of the run")
 
 
-def compared(decisions: list, epochs: int):
-    stopped = {trial for trial, epoch, decision, _ in decisions if decision == TrialScheduler.STOP and epoch < epochs}
-    finished = {trial for trial, epoch, _, _ in decisions if epoch == epochs}
-    failure = None
+NO_ASHA = "no ASHA scheduler saw a result"
+NO_ASHA_HINT = ("Tune hands every result it sees (a trial's Ray Train run reports through its callback) to the "
+                "scheduler its TuneConfig is given")
+RUNGS_HINT = ("ASHA compares a trial with the others at its rungs: the first after grace_period epochs, then every "
+              "reduction_factor times as many, up to max_t")
+MEDIAN_HINT = ("ASHA stops a trial whose metric is below the median of the trials that reached the rung before it; "
+               "which way is better is the mode: test_accuracy is maximised (mode=\"max\")")
+CUTOFF_HINT = ("ASHA's cutoff at a rung is the (1 - 1/reduction_factor) quantile of the trials there: "
+               "reduction_factor=2 makes it their median, and keeps the better half")
+
+
+def compared(decisions: list[Decision]):
+    """ASHA's decision on each trial's first epoch against the check's own: stopped if below the median of the first
+    epochs of the trials before it (the first trial goes on), with the median as ASHA's cutoff."""
     if not decisions:
-        failure = "no ASHA scheduler saw a result"
-    elif not stopped:
-        failure = f"ASHA stopped no trial before epoch {epochs}"
-    elif not finished:
-        failure = f"ASHA stopped every trial ({len(stopped)}) before epoch {epochs}"
-    return Outcome(COMPARED, failure, "ASHA compares each trial at its rungs (grace_period, then times "
-                                      "reduction_factor) with the trials that got there, until max_t, the run's end")
+        return Outcome(COMPARED, NO_ASHA, NO_ASHA_HINT)
+    if 1 not in rungs(decisions):
+        return Outcome(COMPARED, f"ASHA compared the trials {compared_at(decisions)}, not after their first epoch",
+                       RUNGS_HINT)
+    before = []
+    for d in first_epochs(decisions):
+        if failure := misjudged(d, before):
+            return failure
+        before.append(d.metric)
+    return Outcome(COMPARED, None, MEDIAN_HINT)
+
+
+def misjudged(d: Decision, before: list[float]) -> Outcome | None:
+    """ASHA's decision on a trial's first epoch, where it is not the median's of the first epochs before it."""
+    if not before:
+        return None if d.action == TrialScheduler.CONTINUE else Outcome(
+            COMPARED, f"after epoch 1 ASHA stopped {d.trial} ({d.metric:.3f}), the first to get there", MEDIAN_HINT)
+    median = statistics.median(before)
+    there = f"the median {median:.3f} of the trials before it, {rounded(before)}"
+    if d.action == TrialScheduler.STOP and d.metric >= median:
+        return Outcome(COMPARED, f"after epoch 1 ASHA stopped {d.trial} ({d.metric:.3f}), not below {there}",
+                       MEDIAN_HINT)
+    if d.action == TrialScheduler.CONTINUE and d.metric < median:
+        return Outcome(COMPARED, f"after epoch 1 ASHA let {d.trial} ({d.metric:.3f}) go on, below {there}",
+                       MEDIAN_HINT)
+    if abs(d.cutoff - median) > 1e-9:
+        return Outcome(COMPARED, f"after epoch 1 ASHA compared {d.trial} ({d.metric:.3f}) with a cutoff of "
+                                 f"{d.cutoff:.3f}, not {there}", CUTOFF_HINT)
+    return None
+
+
+def rungs(decisions: list[Decision]) -> list[float]:
+    """The epochs at which ASHA compared a trial with those recorded there before it."""
+    return sorted({d.rung for d in decisions if d.rung is not None})
+
+
+def compared_at(decisions: list[Decision]) -> str:
+    epochs = rungs(decisions)
+    return f"after epoch(s) {', '.join(f'{epoch:g}' for epoch in epochs)} only" if epochs else "at no rung"
+
+
+def first_epochs(decisions: list[Decision]) -> list[Decision]:
+    """Each trial's decision on its first epoch, in the order ASHA made them."""
+    firsts = {}
+    for d in decisions:
+        if d.epoch == 1:
+            firsts.setdefault(d.trial, d)
+    return list(firsts.values())
+
+
+def rounded(values: list[float]) -> str:
+    return f"[{', '.join(f'{value:.3f}' for value in values)}]"
+
+
+TRAINED_HINT = ("max_t is where ASHA ends the trials it keeps and its last rung: the run's epochs, so that a trial "
+                "that beats the others trains to the end")
+
+
+def trained(decisions: list[Decision], epochs: int):
+    """The trials ASHA kept after their first epoch, and the last epoch each trained before Tune stopped it (a
+    report that arrives after Tune's stop trained nothing more for the sweep)."""
+    if not decisions:
+        return Outcome(TRAINED, NO_ASHA, NO_ASHA_HINT)
+    kept = [d.trial for d in first_epochs(decisions) if d.action == TrialScheduler.CONTINUE]
+    reached = {trial: last_epoch(decisions, trial) for trial in kept}
+    failure = None
+    if decisions[0].max_t != epochs:
+        failure = (f"ASHA's max_t is {decisions[0].max_t:g}, not the run's {epochs} epochs: it compared the trials "
+                   f"{compared_at(decisions)}")
+    elif not any(epoch == epochs for epoch in reached.values()):
+        failure = f"no trial ASHA kept after epoch 1 trained to epoch {epochs}: " + (
+            ", ".join(f"{trial} to epoch {epoch}" for trial, epoch in reached.items()) or "it kept none")
+    return Outcome(TRAINED, failure, TRAINED_HINT)
+
+
+def last_epoch(decisions: list[Decision], trial: str) -> int:
+    """The last epoch of a trial that ASHA decided on, up to the first it stopped the trial at."""
+    own = [d for d in decisions if d.trial == trial]
+    stop = next((i for i, d in enumerate(own) if d.action == TrialScheduler.STOP), len(own))
+    return max(d.epoch for d in own[:stop + 1])
+
+
+BEST_HINT = ("Tune ranks the trials' results by TuneConfig's metric and mode: test_accuracy, maximised; "
+             "Tuner.fit()'s get_best_result() is then the best trial's")
+
+
+def best(grid, results: list):
+    """The result get_best_result() names against the trial whose last test_accuracy is the highest."""
+    try:
+        chosen = trial_name(grid.get_best_result().metrics["trial_id"])
+    except (ValueError, RuntimeError) as error:
+        return Outcome(BEST, f"Tuner.fit()'s results name no best: {str(error).split('. ')[0]}", BEST_HINT)
+    scores = {trial_name(result.metrics["trial_id"]): result.metrics[METRIC] for result in results
+              if METRIC in (result.metrics or {})}
+    top = max(scores, key=scores.get)
+    failure = None
+    if chosen != top:
+        failure = f"Tuner.fit() returns {chosen} ({scores[chosen]:.3f}) as the best; {top} scored {scores[top]:.3f}"
+    return Outcome(BEST, failure, BEST_HINT)
