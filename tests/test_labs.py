@@ -194,10 +194,7 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, ran_earl
 
 @pytest.mark.parametrize("lab", [on_time(lab) for lab in LABS])
 def test_every_check_passes_on_the_solution(request, ran_early, lab):
-    result = check(request, ran_early, lab, "solution", lab_file(lab, "labs/solutions"))
-    lines = verdicts(result.stdout)
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
+    assert_passes(lab, check(request, ran_early, lab, "solution", lab_file(lab, "labs/solutions")))
 
 
 @dataclass
@@ -516,10 +513,10 @@ def assert_fails_for_its_reason(lab: str, wrong: WrongAnswer, result: subprocess
         assert all(line.startswith("PASS") for line in lines[:wrong.check - 1]), result.stdout
 
 
-def assert_passes(result: subprocess.CompletedProcess) -> None:
+def assert_passes(lab: str, result: subprocess.CompletedProcess) -> None:
     lines = verdicts(result.stdout)
-    assert result.returncode == 0 and lines and all(line.startswith("PASS") for line in lines), (
-        result.stdout + result.stderr[-3000:])
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
 
 
 def wrong_answer(lab: str, wrong: WrongAnswer) -> str:
@@ -580,7 +577,7 @@ def test_a_solution_passes_with_another_processors_kernels(monkeypatch, kernels_
         monkeypatch.setenv(key, value)
     reported = processes.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"])
     assert reported.stdout.strip() == capability, reported.stderr
-    assert_passes(run_check(lab, lab_file(lab, "labs/solutions"), None))
+    assert_passes(lab, run_check(lab, lab_file(lab, "labs/solutions"), None))
 
 
 @pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
