@@ -39,9 +39,13 @@ ACCUMULATE = ["--grad-accum-steps", "2"]
 # and profile 2 optimizer steps after the 2 warm-up steps: a trace per rank, and the collectives per step.
 PROFILE = ["--profile-steps", "2"]
 # Runs that sum the same gradients in another order (N ranks vs 1: step 01's single process, step 04's run on 1
-# worker then 2) end equal up to float rounding, which Adam's normalisation amplifies where a gradient is tiny: 1e-4
-# is a tenth of one step at lr 1e-3. Measured: at most 2.8e-5 (the stem's convolutions, 2 ranks x 16 vs 1 x 32
-# images, 12 steps at lr 2e-3). Runs on 2 ranks each (torchrun DDP, Ray DDP, FSDP1) end equal bit for bit.
+# worker then 2) end equal up to float rounding; runs on 2 ranks each (torchrun DDP, Ray DDP, FSDP1) end equal bit
+# for bit. The bound is a tenth of one step at lr 1e-3: Adam moves a weight by about lr a step whatever its
+# gradient's scale, so a wrong gradient (another batch, a rank's share lost) moves it by steps of that order, while
+# rounding moves it only where Adam normalises a gradient within rounding of zero. Measured, SMOKE's 12 steps (2 ranks
+# x 2 micro-batches of 8 vs 1 x 32): 4.3e-7 with this Intel Xeon's own kernels (AVX-512), 3.5e-7 and 1.3e-6 with
+# them held to DEFAULT and AVX2 (test_step01 runs the pair so); the widest rounding one machine shows, one process's
+# run on two kernel sets, 2.9e-5 (2026-12-03; 2.8e-5 on an AMD EPYC Zen 5, 12 steps at lr 2e-3).
 ROUNDING = 1e-4
 # No usage report from the tests' Ray (this machine may be offline), and no actor started in every Ray Data run to
 # collect one: a process fewer for the 2 cores.

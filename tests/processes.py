@@ -19,6 +19,21 @@ TRAINING_STEPS = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py",
                   "train_ray_fsdp.py", "train_ray_fsdp2.py", "tune_ray_ddp.py")
 
 
+# Another processor's kernels, on this one: ATen's dispatch held to a lower instruction set, MKL's code path
+# fixed to an older processor's (its conditional numerical reproducibility), oneDNN's capped. torch names each
+# capability as get_cpu_capability() reports it.
+KERNELS = {"DEFAULT": dict(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE", ONEDNN_MAX_CPU_ISA="SSE41"),
+           "AVX2": dict(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")}
+CAPABILITIES = ["DEFAULT", "AVX2", "AVX512"]  # x86's, in order: torch on other processors offers DEFAULT alone
+
+
+def lower_capabilities() -> list[str]:
+    """The capabilities this machine offers below the one torch picks for it: the suite's other runs use that one."""
+    import torch
+    own = torch.backends.cpu.get_cpu_capability()
+    return CAPABILITIES[:CAPABILITIES.index(own)] if own in CAPABILITIES else []
+
+
 def run(cmd, timeout=180, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run a command from the repository root, with these variables added; return the CompletedProcess (text). A
     training step must name its --model: no test depends on the default preset, which is chosen for 10-epoch runs,

@@ -17,7 +17,8 @@ from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights
 from conftest import ACCUMULATE, ROUNDING, SINGLE, SMOKE, ROOT
 from early import takes
 from labs.harness import free_port
-from processes import kill_tree, run, torchrun
+import processes
+from processes import kill_tree, python, run, torchrun
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
@@ -51,6 +52,17 @@ def test_ddp_equals_single_machine_with_the_same_global_batch(single_run, ddp_ru
     single, ddp = single_run[0]["history"], ddp_run[0]["history"]
     assert [h["test_accuracy"] for h in single] == [h["test_accuracy"] for h in ddp]
     np.testing.assert_allclose([h["train_loss"] for h in single], [h["train_loss"] for h in ddp], rtol=1e-5)
+
+
+@pytest.mark.parametrize("capability", processes.lower_capabilities()[:1])
+def test_ddp_equals_single_machine_with_another_processors_kernels(capability, tmp_path):
+    """ROUNDING where the arithmetic rounds otherwise: both runs with the kernels held to the lowest capability this
+    machine offers (processes.KERNELS), as an older laptop's would, still end within it."""
+    kernels = processes.KERNELS[capability]
+    single = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path / "single"), env=kernels)
+    ddp = torchrun(DDP, 2, *SMOKE, *ACCUMULATE, "--checkpoint-dir", str(tmp_path / "ddp"), env=kernels)
+    assert single.returncode == ddp.returncode == 0, single.stderr[-2000:] + ddp.stderr[-2000:]
+    assert_same_weights(checkpoint_weights(tmp_path / "single"), checkpoint_weights(tmp_path / "ddp"), atol=ROUNDING)
 
 
 def test_k_micro_batches_equal_one_batch_k_times_the_size(single_run, main_summary, tmp_path):
