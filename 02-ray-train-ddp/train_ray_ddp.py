@@ -38,11 +38,12 @@ def main():
     name = run_name(STEP, args)  # --resume: the newest run's; Ray resumes a run given its name
     if args.num_workers:  # 0: Ray Train's local mode, for debugging (README.md in this folder)
         # Starts Ray on this machine, or joins the cluster at --address. Workers on other nodes
-        # import common/ from the copy that the job's runtime_env ships them.
+        # import common/ from the copy that the job's runtime_env ships them (its folder: under
+        # `ray job submit` ray.init deep-copies runtime_env, which a module object fails).
         # Not Ray's defaults (init_options): its own log lines off, the controller polling every
         # 0.2 s, not 2 s (each report waits for a poll). README.md in step 02: Console.
         ray.init(address=args.address, **init_options(args.address),
-                 runtime_env={"py_modules": [common], **WORKER_SETUP})
+                 runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,

@@ -41,7 +41,7 @@ def main():
     # Not Ray's defaults (init_options): its own log lines off, the controller polling every
     # 0.2 s, not 2 s (each report waits for a poll). README.md in step 02: Console.
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": [common], **WORKER_SETUP})
+             runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,

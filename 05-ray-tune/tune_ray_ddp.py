@@ -94,7 +94,7 @@ def main():
     name = run_name(STEP, args)  # with --resume, the newest sweep's
     # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": [common], **WORKER_SETUP})
+             runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
     args.use_gpu = check_cluster_and_choose_gpu(args)
     sweep = Path(args.checkpoint_dir, name)
     trainable = ray.tune.with_resources(run_trial, TRIAL_RESOURCES)

@@ -79,7 +79,7 @@ def main():
 
     # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": [common], **WORKER_SETUP})
+             runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
     # Ray Data's INFO and WARNING lines; not its progress bar.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     use_gpu = check_cluster_and_choose_gpu(args, "--actors")

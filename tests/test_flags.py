@@ -240,6 +240,25 @@ def test_an_elastic_range_needs_its_min_to_fit_the_cluster(flags, resources, mes
     assert run_main(ELASTIC, "--data", "synthetic", "--batch-size", "48", *flags) == (message, [])
 
 
+@pytest.mark.parametrize("flag, accepted", [("--num-workers", True), ("--actors", False)])
+def test_gpu_workers_are_counted_in_gpus_and_actors_in_both(flag, accepted, monkeypatch):
+    """4 nodes of 8 GPUs and 1 CPU each, as ray.cluster_resources() reports them (SLURM gives a job the CPUs it asks
+    for): 32 GPU workers fit, for Ray Train asks {"GPU": 1} alone for each; step 06's 32 actors ask a CPU each too,
+    and are refused in one line."""
+    import argparse
+
+    from common import ray_setup
+
+    monkeypatch.setattr(ray_setup.ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 32.0, "memory": 1e12})
+    args = argparse.Namespace(num_workers=32, actors=32, use_gpu=True)
+    if accepted:
+        assert ray_setup.check_cluster_and_choose_gpu(args, flag) is True
+    else:
+        with pytest.raises(SystemExit, match=r"^error: --actors 32 needs 32 CPUs, the cluster has 4; use --actors 4 "
+                                             r"or fewer$"):
+            ray_setup.check_cluster_and_choose_gpu(args, flag)
+
+
 def test_an_elastic_range_starts_on_its_min_and_waits_less_for_a_lost_node(monkeypatch):
     """1-4 on a cluster of 1 CPU: accepted (Ray starts 1 worker, more as nodes join); its worker group's start
     timeout is shortened, so that the retry at the size last seen gives up soon after a node is lost."""
