@@ -81,7 +81,8 @@ def add_data_flags(p: Parser) -> None:
                         "small and larger: GPUs and the memory lessons")
     p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
                    help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="holds (or will hold) the CIFAR-10 .npz cache")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+                   help="holds (or will hold) the CIFAR-10 .npz cache: a path on every node, read by each process")
     p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
 
 

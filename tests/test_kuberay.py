@@ -106,13 +106,12 @@ def test_the_entrypoint_is_one_command_that_bash_passes_on_unchanged():
 
 
 def test_the_job_installs_cpu_wheels_of_the_versions_requirements_txt_pins():
-    """The pods have no GPU: torch from PyTorch's CPU index (PyPI's build carries CUDA), at requirements.txt's
-    versions."""
+    """The pods have no GPU: torch's +cpu builds, which PyTorch's index alone has (PyPI's carries CUDA), at
+    requirements.txt's versions."""
     pip = yaml.safe_load(manifest()["spec"]["runtimeEnvYAML"])["pip"]
     pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
-    assert {"torch==" + pins["torch"], "torchvision==" + pins["torchvision"]} <= set(pip["packages"])
-    options = pip["pip_install_options"]
-    assert options[options.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    assert {f"torch=={pins['torch']}+cpu", f"torchvision=={pins['torchvision']}+cpu"} <= set(pip["packages"])
+    assert pip["pip_install_options"] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
 
 
 @pytest.mark.parametrize("change, error", [
