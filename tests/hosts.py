@@ -37,9 +37,6 @@ class Host:
         return ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--uts", "--pid", "--fork",
                 "--kill-child", "--mount-proc", "bash", "-c", f"{self.prelude}\n{script}"]
 
-    def run(self, script: str, timeout: float) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(script), capture_output=True, text=True, timeout=timeout)
-
 
 def can_make_hosts() -> bool:
     if os.geteuid() != 0:
