@@ -12,8 +12,9 @@ Needs root (ip netns, unshare): can_make_hosts() says whether this machine allow
 import contextlib
 import os
 import secrets
-import signal
 import shlex
+import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Host:
 
 
 def can_make_hosts() -> bool:
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
         return False
     namespace = f"wscheck{secrets.token_hex(3)}"
     made = subprocess.run(["ip", "netns", "add", namespace], capture_output=True, timeout=30).returncode == 0
