@@ -126,8 +126,8 @@ def test_the_index_check_sees_an_index_however_it_is_named():
 @pytest.fixture
 def ci_run(tmp_path):
     """.ci/run beside a README whose test command ends in a stand-in `python` that prints CI and its arguments, run on
-    a PATH of its own: bash, dirname and sed, stand-ins for Chromium, slurmctld and munged, and an apt-get that notes
-    its arguments in apt.log. Returns (the run, apt.log)."""
+    a PATH of its own: bash, dirname and sed, stand-ins for Chromium, slurmctld, munged and ip, and an apt-get that
+    notes its arguments in apt.log. Returns (the run, apt.log)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "README.md").write_text("# x\n\n<!-- test-command -->\n```bash\n"
@@ -140,7 +140,7 @@ def ci_run(tmp_path):
         (tools / tool).symlink_to(shutil.which(tool))
     (tools / "apt-get").write_text(f'#!/bin/sh\necho "apt-get $*" >> {log}\n')
     (tools / "apt-get").chmod(0o755)
-    for tool in ("chromium", "slurmctld", "munged"):
+    for tool in ("chromium", "slurmctld", "munged", "ip"):
         (tools / tool).symlink_to(tools / "apt-get")  # any file by that name
 
     def run(*args):
@@ -170,12 +170,13 @@ def test_ci_run_installs_debians_chromium_where_none_is_installed_and_makes_a_sk
     assert without.stdout.splitlines()[-2:] == ["CI=true", "pytest got: -m pytest"]
 
 
-def test_ci_run_installs_debians_slurm_and_munge_where_missing_in_the_same_apt_get(ci_run, tmp_path):
+def test_ci_run_installs_debians_slurm_munge_and_iproute2_where_missing_in_the_same_apt_get(ci_run, tmp_path):
     run, log = ci_run
-    for tool in ("chromium", "slurmctld", "munged"):
+    for tool in ("chromium", "slurmctld", "munged", "ip"):
         (tmp_path / "bin" / tool).unlink()
     assert run().returncode == 0
-    assert log.read_text().splitlines() == ["apt-get update -q", "apt-get install -y -q chromium slurm-wlm munge"]
+    assert log.read_text().splitlines() == ["apt-get update -q",
+                                            "apt-get install -y -q chromium slurm-wlm munge iproute2"]
 
 
 def readme_test_command() -> str:
