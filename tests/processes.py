@@ -34,6 +34,15 @@ def lower_capabilities() -> list[str]:
     return CAPABILITIES[:CAPABILITIES.index(own)] if own in CAPABILITIES else []
 
 
+def kernels(capability: str) -> dict:
+    """The environment that holds a process to this capability's kernels (KERNELS), once a process started with it
+    has reported that capability: a setting torch ignored would leave a test of other kernels testing these."""
+    reported = run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                   env=KERNELS[capability])
+    assert reported.stdout.strip() == capability, reported.stderr
+    return KERNELS[capability]
+
+
 def run(cmd, timeout=180, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run a command from the repository root, with these variables added; return the CompletedProcess (text). A
     training step must name its --model: no test depends on the default preset, which is chosen for 10-epoch runs,

@@ -281,6 +281,11 @@ def ray_image_packages() -> Path:
     return target
 
 
+def shown(logs: Path) -> str:
+    """Each pod's Ray output, the end of each file."""
+    return "\n".join(f"--- {log.name}\n{log.read_text()[-1500:]}" for log in sorted(logs.iterdir()))
+
+
 @takes(200)  # 105 s alone (Intel Xeon, 2 cores, 2026-12-03): most of it Ray starting on four hosts
 def rayjob_through_kuberays_submitter(folder: Path, lane) -> dict:
     """rayjob.yaml as KubeRay v1.7.0 runs it, each pod a host of its own (tests/hosts.py): the head (ray start
@@ -319,24 +324,22 @@ def rayjob_through_kuberays_submitter(folder: Path, lane) -> dict:
         # KubeRay submits once the cluster is ready: every pod running, each worker's raylet up.
         dashboard = f"http://{cluster['head'].address}:{DASHBOARD_PORT}"
         if not cluster_ready(dashboard, env.get("RAY_AUTH_TOKEN"), nodes, HEAD_START_S):
-            return dict(not_ready=True, logs={p.name: p.read_text() for p in logs.iterdir()})
+            return dict(not_ready=True, logs=shown(logs))
         submitter = cluster["submitter"]
         command = shlex.join(submitter_command(job, f"head:{DASHBOARD_PORT}", job_id))
         submitted = lane.run(submitter.command(f"cd $HOME && {command}"), timeout=SUBMITTER_TIMEOUT_S, env=env)
         status = lane.run(submitter.command(f"ray job status --address http://head:{DASHBOARD_PORT} {job_id}"),
                           timeout=60, env=env)
-    return dict(submitted=submitted, status=status, logs={p.name: p.read_text() for p in logs.iterdir()},
+    return dict(submitted=submitted, status=status, logs=shown(logs),
                 checkpoints=sorted(str(p.relative_to(volume)) for p in volume.glob("checkpoints/*/*/checkpoint.pt")))
 
 
 @pytest.mark.skipif(not can_make_hosts(), reason="needs root: network, mount and PID namespaces (tests/hosts.py)")
 @pytest.mark.early(run=rayjob_through_kuberays_submitter)
 def test_the_rayjob_trains_through_kuberays_own_submit_command(early_run):
-    assert not early_run.get("not_ready"), f"the Ray cluster was not up within {HEAD_START_S} s: " + \
-        "\n".join(f"--- {name}\n{text[-1500:]}" for name, text in sorted(early_run["logs"].items()))
+    assert not early_run.get("not_ready"), f"the Ray cluster was not up within {HEAD_START_S} s:\n{early_run['logs']}"
     submitted, status = early_run["submitted"], early_run["status"]
-    detail = f"{submitted.stdout[-3000:]}\n{submitted.stderr[-3000:]}\n" + "\n".join(
-        f"--- {name}\n{text[-1500:]}" for name, text in sorted(early_run["logs"].items()))
+    detail = f"{submitted.stdout[-3000:]}\n{submitted.stderr[-3000:]}\n{early_run['logs']}"
     assert submitted.returncode == 0, detail
     assert re.search(r"Job '[\w-]+' succeeded", status.stdout), detail + status.stdout + status.stderr
     assert '{"step": "ray_ddp", "world_size": 2, ' in submitted.stdout, detail

@@ -58,7 +58,7 @@ def test_ddp_equals_single_machine_with_the_same_global_batch(single_run, ddp_ru
 def test_ddp_equals_single_machine_with_another_processors_kernels(capability, tmp_path):
     """ROUNDING where the arithmetic rounds otherwise: both runs with the kernels held to the lowest capability this
     machine offers (processes.KERNELS), as an older laptop's would, still end within it."""
-    kernels = processes.KERNELS[capability]
+    kernels = processes.kernels(capability)
     single = python(SINGLE, *SMOKE, "--checkpoint-dir", str(tmp_path / "single"), env=kernels)
     ddp = torchrun(DDP, 2, *SMOKE, *ACCUMULATE, "--checkpoint-dir", str(tmp_path / "ddp"), env=kernels)
     assert single.returncode == ddp.returncode == 0, single.stderr[-2000:] + ddp.stderr[-2000:]
