@@ -136,20 +136,23 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
 # 705 s in the full suite at 48cb1b6; 617 and 568 s once lab 05's check ran no sweep over a search space that
 # fails (9e2e582, 3f730ef; AMD EPYC Zen 5, 2026-11-29). Lab 05's wrong answers then ran 4 sweeps, now 10: 1118 and
 # 1552 s with `-k 05` (62 to 162 s a sweep) beside other work on the machine (load 4 to 14), not yet measured in
-# the full suite.
-@takes(1150)
+# the full suite. Two right answers (RIGHT_ANSWERS) added a sweep of lab 05 (57 s alone) and a check of lab 06 (12 s)
+# on an Intel Xeon, 2026-12-04.
+@takes(1220)
 def early_lab_checks(folder, lane) -> dict:
-    """The checks of EARLY_LABS (lab 05's each a sweep of 3 trials, about 50 s): in the early lane, beside the other
-    tests, on a two-node cluster of their own, with reference runs of their own, forked from a server that imported
-    their checks (processes.Preloaded; their output in the run's folder). {(lab, case): what the check printed}."""
+    """The checks of EARLY_LABS on their files untouched, solved, and as each wrong and right answer (lab 05's each a
+    sweep of 3 trials, about 50 s): in the early lane, beside the other tests, on a two-node cluster of their own,
+    with reference runs of their own, forked from a server that imported their checks (processes.Preloaded; their
+    output in the run's folder). {(lab, case): what the check printed}."""
     os.environ["LABS_CACHE"] = str(folder / "labs-cache")  # this process's, handed on to the checks
     files = {}
     for lab in EARLY_LABS:
         files[lab, "untouched"], files[lab, "solution"] = None, lab_file(lab, "labs/solutions")
-        for i, wrong in enumerate(WRONG_ANSWERS[lab]):
-            files[lab, wrong.name] = folder / f"{lab}-wrong-{i}" / LABS[lab].file
-            files[lab, wrong.name].parent.mkdir()
-            files[lab, wrong.name].write_text(wrong_answer(lab, wrong))
+        for i, answer in enumerate([*WRONG_ANSWERS[lab], *RIGHT_ANSWERS.get(lab, [])]):
+            files[lab, answer.name] = folder / f"{lab}-answer-{i}" / LABS[lab].file
+            files[lab, answer.name].parent.mkdir()
+            files[lab, answer.name].write_text(
+                wrong_answer(lab, answer) if isinstance(answer, WrongAnswer) else edited(lab, answer.edits))
     cluster = two_node_cluster()
     checks = check_server(EARLY_LABS, folder)
     try:
@@ -504,6 +507,91 @@ def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, ran_earl
     assert_fails_for_its_reason(lab, wrong, check(request, ran_early, lab, wrong.name, tmp_path / LABS[lab].file))
 
 
+@dataclass
+class RightAnswer:
+    """A right answer written otherwise than the solution, as edits of the solution: a check must pass it (one that
+    fails a right answer teaches something false)."""
+    name: str
+    edits: list[tuple[str, str]]
+
+
+RIGHT_ANSWERS = {
+    "01": [
+        RightAnswer("gradients averaged by hand, no DDP", [
+            ("    model = DistributedDataParallel(model)\n", ""),
+            ("            loss.backward()\n", "            loss.backward()\n            for p in model.parameters():\n"
+                                               "                dist.all_reduce(p.grad)\n"
+                                               "                p.grad /= world_size\n")]),
+        RightAnswer("the loss divided before it is summed", [(
+            "        dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's\n"
+            "        train_loss = loss_sum.item() / steps_per_epoch / world_size\n",
+            "        mean_loss = loss_sum / steps_per_epoch / world_size\n        dist.all_reduce(mean_loss)\n"
+            "        train_loss = mean_loss.item()\n")]),
+    ],
+    "04": [
+        RightAnswer("the blocks taken from the encoder's layers, the default mesh", [
+            ("    for module in model.modules():\n        if isinstance(module, TRANSFORMER_BLOCK):\n"
+             "            fully_shard(module, mesh=mesh)\n",
+             "    for block in model.encoder.layers:\n        fully_shard(block)\n"),
+            ("fully_shard(model, mesh=mesh, reshard_after_forward=False)",
+             "fully_shard(model, reshard_after_forward=False)")]),
+    ],
+    "04-accumulate": [
+        RightAnswer("the gradients zeroed after the optimizer step", [
+            ("        if i % args.grad_accum_steps == 0:  # the first micro-batch of an optimizer step\n"
+             "            optimizer.zero_grad(set_to_none=True)\n", ""),
+            ("        optimizer.step()\n", "        optimizer.step()\n        optimizer.zero_grad()\n")]),
+    ],
+    "05": [
+        # ASHA then stops each trial at max_t, after the report of its last epoch: it trained them all.
+        RightAnswer("ASHA's default stop_last_trials", [(",\n                         stop_last_trials=False)", ")")]),
+    ],
+    "06": [
+        RightAnswer("the pool as map_batches' concurrency, no_grad", [
+            ("compute=ray.data.ActorPoolStrategy(size=2)", "concurrency=2"),
+            ("@torch.inference_mode()", "@torch.no_grad()")]),
+    ],
+    "hang-rank0": [
+        RightAnswer("the loss all-reduced", [(
+            "        dist.reduce(loss_sum, dst=0)  # a collective: every rank calls it, rank 0 alone receives the "
+            "sum\n",
+            "        dist.all_reduce(loss_sum)\n")]),
+    ],
+    "hang-shape": [
+        RightAnswer("each rank's hits counted, the counts all-reduced", [(
+            "    padded = torch.full((math.ceil(len(labels) / world_size),), -1)  # the longest shard's length, on "
+            "every rank\n"
+            "    padded[:len(shard)] = shard\n"
+            "    hits = []\n"
+            "    for batch in padded.split(EVAL_BATCH):  # the same shapes on every rank\n"
+            "        mine = (predict(model, images[batch.clamp(min=0)]).argmax(1) == labels[batch.clamp(min=0)])"
+            ".long()\n"
+            "        mine[batch < 0] = -1  # padding: no image\n"
+            "        everyone = [torch.empty_like(mine) for _ in range(world_size)]\n"
+            "        dist.all_gather(everyone, mine)\n"
+            "        hits += everyone\n"
+            "    model.train()\n"
+            "    hits = torch.cat(hits)\n"
+            "    return (hits == 1).sum().item() / (hits >= 0).sum().item()\n",
+            "    tally = torch.zeros(2, dtype=torch.long)  # [correct, counted] of this rank's shard\n"
+            "    for batch in shard.split(EVAL_BATCH):\n"
+            "        hits = predict(model, images[batch]).argmax(1) == labels[batch]\n"
+            "        tally += torch.tensor([hits.sum().item(), len(batch)])\n"
+            "    dist.all_reduce(tally)  # one tensor of one shape on every rank\n"
+            "    model.train()\n"
+            "    return tally[0].item() / tally[1].item()\n")]),
+    ],
+}
+
+
+@pytest.mark.parametrize("lab, right", [on_time(lab, right) for lab, answers in RIGHT_ANSWERS.items()
+                                        for right in answers],
+                         ids=lambda value: value.name.replace(" ", "-") if isinstance(value, RightAnswer) else value)
+def test_a_right_answer_written_otherwise_passes(request, ran_early, tmp_path, lab, right):
+    (tmp_path / LABS[lab].file).write_text(edited(lab, right.edits))
+    assert_passes(lab, check(request, ran_early, lab, right.name, tmp_path / LABS[lab].file))
+
+
 def assert_fails_for_its_reason(lab: str, wrong: WrongAnswer, result: subprocess.CompletedProcess) -> None:
     lines = verdicts(result.stdout)
     assert result.returncode == 1 and len(lines) == len(STARTING_FAILURES[lab]), result.stdout + result.stderr[-3000:]
@@ -519,12 +607,18 @@ def assert_passes(lab: str, result: subprocess.CompletedProcess) -> None:
     assert len(lines) == len(STARTING_FAILURES[lab]) and all(line.startswith("PASS") for line in lines), result.stdout
 
 
+def edited(lab: str, edits: list[tuple[str, str]], of_the_starting_file: bool = False) -> str:
+    """The lab's solution (or starting file) with these edits made."""
+    text = lab_file(lab, "labs" if of_the_starting_file else "labs/solutions").read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
 def wrong_answer(lab: str, wrong: WrongAnswer) -> str:
-    """The text of a wrong answer: its edits made to the lab's solution (or starting file)."""
-    answer = lab_file(lab, "labs" if wrong.of_the_starting_file else "labs/solutions").read_text()
-    for old, new in wrong.edits:
-        assert old in answer, old
-        answer = answer.replace(old, new)
+    """The text of a wrong answer: its edits made, and common's modules imported otherwise if it says so."""
+    answer = edited(lab, wrong.edits, wrong.of_the_starting_file)
     if wrong.imported_otherwise:
         answer = imported_otherwise(answer)
         assert "shared_model.build_model(" in answer and "from common" not in answer
