@@ -35,7 +35,7 @@ RENDEZVOUS_PORTS = range(20000, 32768)
 # Where the reference runs are kept, once per machine for the code as it is: the checks compare every try of a lab
 # with the same runs, which depend on this repository's code alone, never on the attendee's file.
 CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
-REFERENCE_CODE = ("common/*.py", "labs/harness.py", "labs/reference.py", "labs/watch.py",
+REFERENCE_CODE = ("common/*.py", "labs/checkpoints.py", "labs/harness.py", "labs/reference.py", "labs/watch.py",
                   "labs/checks/*.py", "labs/solutions/*.py")
 # What holds torch's, MKL's and oneDNN's kernels below what the processor offers: a reference run rounds with them.
 KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from labs import watch
-from labs.checks import ddp, hang
+from labs.checks import ddp
+from labs.checkpoints import unloadable
 from labs.harness import (Outcome, ROOT, crashed, lab_args, load_lab, load_reference, ray_error, results,
                           save_reference, start_ranks, start_ray)
 
@@ -129,8 +130,8 @@ def reports(first, calls: list[dict], torchrun: dict):
     elif [{key: metrics.get(key) for key in expected[0]} for _, metrics in kept] != expected:
         failure = f"the run's checkpoints came with {[metrics for _, metrics in kept]}; torchrun's epochs: {expected}"
     else:
-        failure, hint = hang.unloadable(kept, trained(calls, "report"), "checkpoint.pt",
-                                        lambda saved: saved["model"]) or (None, hint)
+        failure, hint = unloadable(kept, trained(calls, "report"), "checkpoint.pt",
+                                   lambda saved: saved["model"]) or (None, hint)
     return Outcome(REPORTS, failure, hint)
 
 
