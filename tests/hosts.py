@@ -16,12 +16,17 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 SHARED_UNDER = Path("/mnt")  # where shared folders are mounted (a tmpfs of each host's own first)
 HOME = "/home/user"  # each host's own (not /root: this machine's Python may live there)
+# The cluster's names are in /etc/hosts, a cluster's DNS stand-in: gRPC (Ray's) reads it through the system's
+# resolver, not its own DNS client.
+SHELL = "export GRPC_DNS_RESOLVER=native"
+UP_S = 30  # for a host's namespaces and mounts to be made
 
 
 @dataclass(frozen=True)
@@ -30,13 +35,13 @@ class Host:
     address: str
     namespace: str  # its network namespace (ip netns)
     root: Path  # its own folders on this machine: tmp/ (its /tmp), home/ (its $HOME)
-    prelude: str
+    init: int  # the host's first process (its PID 1), which holds its namespaces while the host is up
 
     def command(self, script: str) -> list[str]:
-        """bash -c SCRIPT on this host, as a process of its own PID namespace: when the command ends or is killed,
-        everything it started ends with it (--kill-child), as a node's processes end with the node."""
-        return ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--uts", "--pid", "--fork",
-                "--kill-child", "--mount-proc", "bash", "-c", f"{self.prelude}\n{script}"]
+        """bash -c SCRIPT on this host, as a shell on a node: what it leaves running (ray start's daemons) runs on
+        after it, in the host's own processes, until the host goes down."""
+        return ["nsenter", f"--target={self.init}", "--net", "--mount", "--uts", "--pid", "--", "bash", "-c",
+                f"export HOME={HOME}\n{SHELL}\n{script}"]
 
 
 def can_make_hosts() -> bool:
@@ -87,7 +92,8 @@ def hosts(folder: Path, names: list[str], shared: dict[str, Path] | None = None,
             for own in ("tmp", "home"):
                 (root / own).mkdir(parents=True)
             mounts = shared if name in mounted_by else {}
-            cluster[name] = Host(name, address, namespace, root, prelude(name, root, mounts, etc_hosts))
+            cluster[name] = Host(name, address, namespace, root, boot(namespace, root, prelude(name, root, mounts,
+                                                                                                 etc_hosts)))
         yield cluster
     finally:
         for namespace in made:
@@ -97,19 +103,44 @@ def hosts(folder: Path, names: list[str], shared: dict[str, Path] | None = None,
 
 
 def prelude(name: str, root: Path, shared: dict[str, Path], etc_hosts: Path) -> str:
-    """What makes a shell on this host: its name, the shared folders, the cluster's names and its own home mounted,
-    then its own /tmp (last: the others may live in this machine's /tmp)."""
+    """What makes a host: its name, the shared folders, the cluster's names and its own home mounted, then its own
+    /tmp (last: the others may live in this machine's /tmp)."""
     lines = ["set -e", "mount --make-rprivate /", f"hostname {name}"]
     if shared:
         lines.append(f"mount -t tmpfs {name}-mnt {SHARED_UNDER}")
     for path, source in shared.items():
         lines += [f"mkdir -p {shlex.quote(str(path))}", f"mount --bind {shlex.quote(str(source))} {shlex.quote(path)}"]
     lines += [f"mount --bind {etc_hosts} /etc/hosts", f"mount -t tmpfs {name}-home /home", f"mkdir {HOME}",
-              f"mount --bind {root / 'home'} {HOME}", f"mount --bind {root / 'tmp'} /tmp", f"export HOME={HOME}",
-              # The cluster's names are in /etc/hosts, a cluster's DNS stand-in: gRPC (Ray's) reads it through
-              # the system's resolver, not its own DNS client.
-              "export GRPC_DNS_RESOLVER=native", "set +e"]
+              f"mount --bind {root / 'home'} {HOME}", f"mount --bind {root / 'tmp'} /tmp"]
     return "\n".join(lines)
+
+
+# A host's PID 1 reaps what ends on it: the daemons `ray start` leaves are reparented to it when that command ends.
+INIT = """import os, time
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.2)"""
+
+
+def boot(namespace: str, root: Path, prelude: str) -> int:
+    """The host's first process, in its network namespace and its own mount, UTS and PID namespaces, once the
+    prelude has made them (it then becomes INIT): its PID here, for nsenter. Killed, it takes every process of the
+    host with it."""
+    init = subprocess.Popen(["ip", "netns", "exec", namespace, "unshare", "--mount", "--uts", "--pid", "--fork",
+                             "--kill-child", "--mount-proc", "bash", "-c",
+                             f"{prelude}\nexec {shlex.quote(sys.executable)} -c {shlex.quote(INIT)}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + UP_S
+    while True:
+        assert init.poll() is None, f"host {root.name} did not boot: {init.stderr.read().strip()}"
+        assert time.monotonic() < deadline, f"host {root.name} not up within {UP_S} s"
+        with contextlib.suppress(OSError, ValueError):
+            [first] = Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split()
+            if INIT.encode() in Path(f"/proc/{first}/cmdline").read_bytes():
+                return int(first)
+        time.sleep(0.05)
 
 
 def stop_everything_in(namespace: str, grace_s: float = 5) -> None:

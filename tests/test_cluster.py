@@ -1,9 +1,10 @@
-"""README's "Running on a cluster", run as written: Ray 2.60's token, a head and a second node started by hand, a step
-on both, `ray stop`. On one machine, in a network and process namespace of its own (`unshare`): its own loopback, so
-the default port 6379 is free and no other Ray of the suite is reachable, and `ray stop` stops only these nodes."""
+"""README's "Running on a cluster", run as written on two hosts (tests/hosts.py): each its own address, home, /tmp
+and processes, and nothing shared but /mnt/shared, as an NFS export would be. Ray 2.60's token generated on the head
+and copied to the other node's ~/.ray/, as README says; the head, then a node that joins it by the head's address;
+step 02 run from that node on both, its checkpoints and summary on the shared folder; `ray stop` on each. A node
+whose token was not copied, and a node or a step without RAY_AUTH_MODE, are refused."""
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import pytest
 
 from conftest import ROOT, SMOKE
 from early import takes
+from hosts import can_make_hosts, hosts
 
-COMMAND_TIMEOUT_S = 120  # each command of the script; the whole of it below
-HEAD = "127.0.0.1:6379"
+COMMAND_TIMEOUT_S = 120  # each command; the lane's wait a little longer, for the command's own end to be seen
+SHARED = "/mnt/shared"  # README's SHARED: storage every node sees
 
 
 def readme_cluster_commands() -> list:
@@ -22,59 +24,76 @@ def readme_cluster_commands() -> list:
     return [" ".join(line.split("  #")[0].split()) for line in block.splitlines() if line.strip()]
 
 
-def can_isolate() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
-        timeout=30).returncode == 0
-
-
-@takes(130)  # 99 s as a test of its own in the full suite (AMD EPYC Zen 5, 2026-11-28)
-def two_ray_nodes_by_hand(folder: Path, lane) -> dict:
-    """README's cluster commands as written, in a network and process namespace of its own: the token, a head and a
-    node that joins it (one CPU each, so that the step's two workers need both), a node and a step without the
-    token (refused), the step with it, `ray stop`. An early run: most of it is Ray starting. Each command's output
-    by its name, and the script's own."""
+@takes(130)  # 108 to 118 s alone, a lab check beside it (Intel Xeon, 2 cores, 2026-12-04)
+def two_ray_hosts_by_hand(folder: Path, lane) -> dict:
+    """README's cluster commands as written, on a head host and a node host (one CPU each, so that the step's two
+    workers need both): the token on the head, the head; the node without RAY_AUTH_MODE, then before its token is
+    copied (both refused); the token copied, the node; the step from the node without RAY_AUTH_MODE (refused), then
+    with it; `ray stop` on each. An early run: most of it Ray starting. Each command's exit code and output by its
+    name, and the checkpoints on the shared folder."""
     export, generate, head, join, step = readme_cluster_commands()
     assert (export, generate, head, join) == ("export RAY_AUTH_MODE=token", "ray get-auth-token --generate",
                                               "ray start --head --port=6379", "ray start --address=HEAD_IP:6379")
     assert step.startswith("python 02-ray-train-ddp/train_ray_ddp.py --address HEAD_IP:6379 ")
-    join = join.replace("HEAD_IP:6379", HEAD) + " --num-cpus 1"
-    step = f"{sys.executable} 02-ray-train-ddp/train_ray_ddp.py --address {HEAD} --num-workers 2 " \
-           f"{' '.join(SMOKE)} --epochs 1 --checkpoint-dir {folder / 'checkpoints'}"
-    logs = folder / "logs"
-    logs.mkdir()
+    shared = folder / "nfs"
+    shared.mkdir()
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    done = {}
+    with hosts(folder, ["head", "node"], shared={SHARED: shared}) as cluster:
+        head_ip = cluster["head"].address
+        join = join.replace("HEAD_IP", head_ip) + " --num-cpus 1"
+        step = f"python 02-ray-train-ddp/train_ray_ddp.py --address {head_ip}:6379 --num-workers 2 {' '.join(SMOKE)} " \
+               f"--epochs 1 --checkpoint-dir {SHARED}/checkpoints"
 
-    def each(name: str, command: str) -> str:
-        return f"timeout {COMMAND_TIMEOUT_S} {command} > {logs / name}.out 2> {logs / name}.err"
+        def on(host: str, name: str, command: str) -> None:
+            script = f"cd {ROOT}\n{export}\ntimeout {COMMAND_TIMEOUT_S} {command}"
+            done[name] = lane.run(cluster[host].command(script), timeout=COMMAND_TIMEOUT_S + 30, env=env)
 
-    script = "\n".join([
-        "set -e", "ip link set lo up", f"export HOME={folder / 'home'} PATH={Path(sys.executable).parent}:$PATH",
-        f"cd {ROOT}", export, each("generate", generate), each("head", head + " --num-cpus 1"),
-        # Without the token: a node, then a step, refused.
-        f"if {each('node_without', 'env -u RAY_AUTH_MODE ' + join)}; then exit 11; fi",
-        each("join", join),
-        f"if {each('step_without', 'env -u RAY_AUTH_MODE ' + step)}; then exit 12; fi",
-        each("step", step), each("stop", "ray stop"),
-        # Ray's processes by name (the raylet, the GCS, the workers: ray::...), not this script's own command line.
-        "echo left: $(( $(pgrep -c '^(raylet|gcs_server)$' || true) + $(pgrep -c -f '^ray::' || true) ))"])
-    done = lane.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
-                    timeout=COMMAND_TIMEOUT_S * 3)
-    return dict(done=done, output={p.name: p.read_text() for p in logs.iterdir()})
+        on("head", "generate", generate)
+        on("head", "head", head + " --num-cpus 1")
+        on("node", "node_without_mode", "env -u RAY_AUTH_MODE " + join)
+        on("node", "node_without_token", join)
+        token = Path(".ray") / "auth_token"  # scp head:.ray/auth_token .ray/, as a person would
+        (cluster["node"].root / "home" / token).parent.mkdir(exist_ok=True)
+        shutil.copy(cluster["head"].root / "home" / token, cluster["node"].root / "home" / token)
+        on("node", "join", join)
+        on("node", "step_without_mode", "env -u RAY_AUTH_MODE " + step)
+        on("node", "step", step)
+        for host in cluster:
+            # What ray stop left: every process on the host that is not this command's, whose first is then a
+            # child of the host's PID 1 (a daemon, reparented when ray start ended).
+            on(host, f"stop_{host}", "ray stop\necho left: $(ps --ppid 1 --no-headers | wc -l)")
+    checkpoints = sorted(str(path.relative_to(shared)) for path in shared.glob("checkpoints/*/*/*.pt"))
+    return dict(done=done, head=f"{head_ip}:6379", checkpoints=checkpoints)
 
 
-@pytest.mark.skipif(not can_isolate(), reason="needs unshare with network and process namespaces (root)")
-@pytest.mark.early(run=two_ray_nodes_by_hand)
+def shown(done: dict) -> str:
+    return "\n".join(f"--- {name}: exit {result.returncode}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}"
+                     for name, result in done.items())
+
+
+@pytest.mark.skipif(not can_make_hosts(), reason="needs root: network, mount and PID namespaces (tests/hosts.py)")
+@pytest.mark.early(run=two_ray_hosts_by_hand)
 def test_readmes_two_ray_nodes_by_hand_train_step_02_on_both_and_refuse_whoever_lacks_the_token(early_run):
-    done, output = early_run["done"], early_run["output"]
-    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}\n" + "\n".join(
-        f"--- {name}\n{text[-1500:]}" for name, text in sorted(output.items()))
-    assert done.stdout.strip() == "left: 0"  # ray stop stopped both nodes
-    assert "InvalidAuthToken" in output["node_without.err"]
-    refused = [line for line in output["step_without.err"].splitlines() if line.startswith("error:")]
-    assert len(refused) == 1 and refused[0].startswith(f"error: the Ray cluster at --address {HEAD} refused this "
-                                                       "driver (Failed to connect to Ray cluster at ")
+    done, detail = early_run["done"], shown(early_run["done"])
+    for name in ("generate", "head", "join", "step", "stop_head", "stop_node"):
+        assert done[name].returncode == 0, f"{name} failed\n{detail}"
+    for host in ("head", "node"):
+        assert done[f"stop_{host}"].stdout.splitlines()[-1] == "left: 0", detail  # ray stop stopped the host's Ray
+    assert done["node_without_mode"].returncode != 0 and "InvalidAuthToken" in done["node_without_mode"].stderr
+    # The node's home is its own: the token is there only once copied, as README says.
+    assert done["node_without_token"].returncode != 0, detail
+    assert "Token authentication is enabled but no authentication token was found" in \
+           done["node_without_token"].stderr, detail
+    refused = [line for line in done["step_without_mode"].stderr.splitlines() if line.startswith("error:")]
+    assert len(refused) == 1, detail
+    assert refused[0].startswith(f"error: the Ray cluster at --address {early_run['head']} refused this driver "
+                                 "(Failed to connect to Ray cluster at "), detail
     assert refused[0].endswith("if its head uses token authentication, set RAY_AUTH_MODE=token here and copy the "
                                "head's ~/.ray/auth_token to this machine's ~/.ray/ (README: Running on a cluster)")
-    assert "Traceback" not in output["step_without.err"]
-    assert "| 2 x cpu on 2 node(s)," in output["step.out"]  # the two workers, one on each node
-    assert output["step.out"].splitlines()[-1].startswith('{"step": "ray_ddp", "world_size": 2')
+    assert "Traceback" not in done["step_without_mode"].stderr
+    step = done["step"].stdout
+    assert "| 2 x cpu on 2 node(s)," in step, detail  # the two workers, one on each host
+    # rank 0's summary, read back by the driver on the other host or its own: through the shared folder
+    assert step.splitlines()[-1].startswith('{"step": "ray_ddp", "world_size": 2'), detail
+    assert len(early_run["checkpoints"]) == 1, detail  # epoch 1's, where both hosts see it
