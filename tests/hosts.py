@@ -43,6 +43,10 @@ class Host:
         return ["nsenter", f"--target={self.init}", "--net", "--mount", "--uts", "--pid", "--", "bash", "-c",
                 f"export HOME={HOME}\n{SHELL}\n{script}"]
 
+    def lose(self) -> None:
+        """The host lost, as a node that fails: its PID 1 killed, and with it, at once, every process on it."""
+        os.kill(self.init, signal.SIGKILL)
+
 
 def can_make_hosts() -> bool:
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):

@@ -1,8 +1,9 @@
 """Step 01: the single-machine baseline and hand-written DDP under torchrun (gloo, CPU)."""
+import json
 import os
 import re
+import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,9 +17,9 @@ from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights
                     profile_summary, resumed_after)
 from conftest import ACCUMULATE, ROUNDING, SINGLE, SMOKE, ROOT
 from early import takes
-from labs.harness import free_port
+from hosts import can_make_hosts, hosts
 import processes
-from processes import kill_tree, python, run, torchrun
+from processes import python, run, torchrun
 
 DDP = "01-vanilla-pytorch-ddp/train_ddp.py"
 
@@ -200,25 +201,29 @@ ELASTIC = [*SMOKE[:SMOKE.index("--epochs")], "--epochs", "4", *SMOKE[SMOKE.index
 
 @takes(120)  # 71 to 85 s measured (the full suite: 71 s; AMD EPYC Zen 5, 2026-11-28)
 def two_nodes_then_one(folder: Path, lane) -> dict:
-    """The launcher on two "nodes" of this machine, one process each, elastic (--nnodes 1:2 --max-restarts 2), with
-    c10d rendezvous at one endpoint; once epoch 1's checkpoint is written, node b (the one that does not hold the
-    rendezvous store) is killed with everything it started. Then, to compare with, the same training on one process
-    from start to end. An early run: most of it is the rendezvous waiting 30 s for a node that does not come back."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    checkpoints, nodes = folder / "elastic", {}
+    """The launcher on two hosts (tests/hosts.py: each its own address, home and /tmp; the checkpoints on a folder
+    both mount), one process each, elastic (--nnodes 1:2 --max-restarts 2), c10d rendezvous at host a's address;
+    once epoch 1's checkpoint is written, host b (the one that does not hold the rendezvous store) is lost: every
+    process on it killed at once. Then, to compare with, the same training on one process from start to end. An
+    early run: most of it is the rendezvous waiting 30 s for a node that does not come back."""
+    shared = folder / "nfs"
+    checkpoints, nodes = shared / "elastic", {}
+    shared.mkdir()
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # this venv's torchrun
-    for name in ("a", "b"):  # a first: its agent holds the rendezvous store
-        with (folder / f"{name}.out").open("w") as out, (folder / f"{name}.err").open("w") as err:
-            nodes[name] = lane.start(["bash", str(ROOT / LAUNCHER), "--nnodes", "1:2", "--endpoint", endpoint,
-                                      "--nproc-per-node", "1", "--max-restarts", "2", "--", *ELASTIC,
-                                      "--checkpoint-dir", str(checkpoints)], env=path, stdout=out, stderr=err,
-                                     start_new_session=True)
-        if name == "a":
-            wait_until(lambda: accepts(endpoint), "node a's rendezvous store", nodes["a"])
-    wait_until((checkpoints / "checkpoint.pt").exists, "epoch 1's checkpoint", nodes["a"])
-    kill_tree(nodes["b"].pid)
-    nodes["a"].wait(timeout=240)
-    nodes["b"].wait(timeout=10)
+    with hosts(folder, ["a", "b"], shared={"/mnt/shared": shared}) as cluster:
+        endpoint = f"{cluster['a'].address}:29500"  # any port: the hosts' own
+        for name in ("a", "b"):  # a first: its agent holds the rendezvous store
+            launch = shlex.join(["bash", LAUNCHER, "--nnodes", "1:2", "--endpoint", endpoint, "--nproc-per-node", "1",
+                                 "--max-restarts", "2", "--", *ELASTIC, "--checkpoint-dir", "/mnt/shared/elastic"])
+            with (folder / f"{name}.out").open("w") as out, (folder / f"{name}.err").open("w") as err:
+                nodes[name] = lane.start(cluster[name].command(f"cd {ROOT}\nexec {launch}"), env=path, stdout=out,
+                                         stderr=err)
+            if name == "a":
+                wait_until(lambda: accepts(endpoint), "node a's rendezvous store", nodes["a"])
+        wait_until((checkpoints / "checkpoint.pt").exists, "epoch 1's checkpoint", nodes["a"])
+        cluster["b"].lose()
+        nodes["a"].wait(timeout=240)
+        nodes["b"].wait(timeout=10)
     fixed = lane.run([sys.executable, str(ROOT / SINGLE), *ELASTIC, "--checkpoint-dir", str(folder / "fixed")],
                      timeout=240)
     output = {name: ((folder / f"{name}.out").read_text(), (folder / f"{name}.err").read_text()) for name in "ab"}
@@ -240,6 +245,7 @@ def wait_until(condition, what: str, process, timeout: float = 120):
         time.sleep(0.1)
 
 
+@pytest.mark.skipif(not can_make_hosts(), reason="needs root: network, mount and PID namespaces (tests/hosts.py)")
 @pytest.mark.early(run=two_nodes_then_one)
 def test_torchrun_across_two_nodes_goes_on_with_one_when_a_node_is_lost_and_resumes_from_the_checkpoint(early_run):
     """--nnodes 1:2: the node left restarts its ranks (torchrun's --max-restarts), a rendezvous of one node forms,
@@ -247,7 +253,9 @@ def test_torchrun_across_two_nodes_goes_on_with_one_when_a_node_is_lost_and_resu
     ending with the weights of a run on one process throughout, up to float rounding (the same global batches)."""
     stdout, stderr = early_run["output"]["a"]
     assert early_run["returncode"] == 0, stderr[-3000:]
-    summary = final_json(subprocess.CompletedProcess([], 0, stdout, stderr))
+    # The summary on the shared folder, named by its path on the hosts
+    assert json.loads(stdout.splitlines()[-1])["summary"] == "/mnt/shared/elastic/summary.json"
+    summary = json.loads((early_run["checkpoints"] / "summary.json").read_text())
     sizes = [h["world_size"] for h in summary["history"]]
     assert [h["epoch"] for h in summary["history"]] == [1, 2, 3, 4] and re.fullmatch("2+1+", "".join(map(str, sizes)))
     assert resumed_after(stdout) == [sizes.count(2)], stdout[-3000:]  # node a's rank 0, after the node was lost
