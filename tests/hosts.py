@@ -132,8 +132,9 @@ def boot(namespace: str, root: Path, prelude: str) -> int:
     """The host's first process, in its network namespace and its own mount, UTS and PID namespaces, once the
     prelude has made them (it then becomes INIT): its PID here, for nsenter. Killed, it takes every process of the
     host with it."""
-    init = subprocess.Popen(["ip", "netns", "exec", namespace, "unshare", "--mount", "--uts", "--pid", "--fork",
-                             "--kill-child", "--mount-proc", "bash", "-c",
+    # nsenter, not `ip netns exec`, which mounts a /sys of its own: without the machine's cgroups (slurmd needs them)
+    init = subprocess.Popen(["nsenter", f"--net=/run/netns/{namespace}", "unshare", "--mount", "--uts", "--pid",
+                             "--fork", "--kill-child", "--mount-proc", "bash", "-c",
                              f"{prelude}\nexec {shlex.quote(sys.executable)} -c {shlex.quote(INIT)}"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + UP_S
