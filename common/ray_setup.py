@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import os
+import posixpath
 import re
 import socket
 import sys
@@ -14,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+import pyarrow.fs
 import ray
 import ray.train
 import torch
@@ -243,16 +245,23 @@ def remove_if_empty(folder: Path) -> None:
 def run_name(step: str, args) -> str:
     """A new run gets a fresh name; --resume reuses the newest run's name, which makes Ray restore it.
     Checked here, on the driver, from the checkpoints' metadata: an error inside a worker would count as
-    a worker failure and be retried --max-failures times."""
+    a worker failure and be retried --max-failures times. --checkpoint-dir is read as Ray reads it, with
+    pyarrow's filesystems: a folder, or a URI such as s3://bucket/runs."""
     if not args.resume:
         return new_run_name(step, args.checkpoint_dir, claim=getattr(args, "num_workers", 1) != 0)
-    if "://" in args.checkpoint_dir:
-        raise fail(f"--resume finds the last run in a local or mounted --checkpoint-dir, not {args.checkpoint_dir}")
-    runs = sorted(p for p in Path(args.checkpoint_dir).glob(f"{step}-*") if p.is_dir())
+    filesystem, folder = pyarrow.fs.FileSystem.from_uri(args.checkpoint_dir)
+    runs = folders_in(filesystem, folder, f"{step}-")
     if not runs:
         raise fail(f"--resume but no {step} run in {args.checkpoint_dir}; run without --resume to start fresh")
-    checkpoints = sorted(runs[-1].glob("checkpoint_*/"))
+    checkpoints = folders_in(filesystem, runs[-1], "checkpoint_")
     if checkpoints:
-        saved = ray.train.Checkpoint(str(checkpoints[-1])).get_metadata()
+        saved = ray.train.Checkpoint(checkpoints[-1], filesystem=filesystem).get_metadata()
         check_compatible(checkpoints[-1], saved["model_preset"], saved["epoch"], args)
-    return runs[-1].name
+    return posixpath.basename(runs[-1])
+
+
+def folders_in(filesystem: pyarrow.fs.FileSystem, folder: str, prefix: str) -> list[str]:
+    """The folders in folder whose names start with prefix, in the order of their names (runs: as they started)."""
+    found = filesystem.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    return sorted(info.path for info in found if info.type == pyarrow.fs.FileType.Directory
+                  and info.base_name.startswith(prefix))

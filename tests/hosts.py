@@ -76,6 +76,7 @@ def hosts(folder: Path, names: list[str], shared: dict[str, Path] | None = None,
     subnet = f"10.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}"
     bridge, made = f"wsb{tag}", []
     etc_hosts = folder / "etc-hosts"
+    (folder / "etc-resolv.conf").write_text("# no nameserver: the cluster's names are in /etc/hosts\n")
     etc_hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{subnet}.{i + 2} {name}\n"
                                                             for i, name in enumerate(names)))
     ip("link", "add", bridge, "type", "bridge")
@@ -114,7 +115,10 @@ def prelude(name: str, root: Path, shared: dict[str, Path], etc_hosts: Path) -> 
         lines.append(f"mount -t tmpfs {name}-mnt {SHARED_UNDER}")
     for path, source in shared.items():
         lines += [f"mkdir -p {shlex.quote(str(path))}", f"mount --bind {shlex.quote(str(source))} {shlex.quote(path)}"]
-    lines += [f"mount --bind {etc_hosts} /etc/hosts", f"mount -t tmpfs {name}-home /home", f"mkdir {HOME}",
+    # The cluster's DNS is /etc/hosts; the machine's nameserver is out of reach from the hosts, and a lookup of a
+    # name /etc/hosts lacks (an IPv6 address of a host, an address's name) would wait on it for seconds: none.
+    lines += [f"mount --bind {etc_hosts} /etc/hosts", f"mount --bind {etc_hosts.with_name('etc-resolv.conf')} "
+              "/etc/resolv.conf", f"mount -t tmpfs {name}-home /home", f"mkdir {HOME}",
               f"mount --bind {root / 'home'} {HOME}", f"mount --bind {root / 'tmp'} /tmp"]
     return "\n".join(lines)
 

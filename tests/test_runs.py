@@ -191,11 +191,13 @@ def test_resume_continues_the_newest_run_whatever_order_the_folders_were_written
                                          r"checkpoint, not tiny"):
         run_name("ray_ddp", argparse.Namespace(resume=True, checkpoint_dir=str(tmp_path), model="tiny", epochs=2))
     assert run_name("ray_fsdp2", argparse.Namespace(**dict(vars(args), model="tiny"))) == "ray_fsdp2-20270101-000000"
+    # The same runs under a URI, read as Ray reads --checkpoint-dir (pyarrow's filesystems; s3:// in test_cluster.py)
+    assert run_name("ray_ddp", argparse.Namespace(**dict(vars(args), checkpoint_dir=tmp_path.as_uri()))) == \
+        "ray_ddp-20261231-235959"
 
 
-def test_resume_with_no_run_or_from_a_uri_is_a_one_line_error_before_ray_starts(tmp_path, main_error, monkeypatch):
+def test_resume_with_no_run_is_a_one_line_error_before_ray_starts(tmp_path, main_error, monkeypatch):
     forbid_ray(monkeypatch, "for a --resume with nothing to resume")
-    assert main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", str(tmp_path), "--resume") == (
-        f"error: --resume but no ray_ddp run in {tmp_path}; run without --resume to start fresh")
-    assert main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", "s3://bucket/runs", "--resume") == (
-        "error: --resume finds the last run in a local or mounted --checkpoint-dir, not s3://bucket/runs")
+    for folder in (str(tmp_path), tmp_path.as_uri()):  # a folder, or a URI
+        assert main_error(RAY_DDP, *SMOKE, "--checkpoint-dir", folder, "--resume") == (
+            f"error: --resume but no ray_ddp run in {folder}; run without --resume to start fresh")
