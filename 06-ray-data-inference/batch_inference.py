@@ -82,7 +82,7 @@ def main():
              runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
     # Ray Data's INFO and WARNING lines; not its progress bar.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
-    use_gpu = check_cluster_and_choose_gpu(args, "--actors")
+    use_gpu = check_cluster_and_choose_gpu(args, "--actors", cpu_each=True)
     if args.images:
         check_a_cpu_is_left_to_read(args.actors)
     context = ray.data.DataContext.get_current()

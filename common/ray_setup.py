@@ -172,10 +172,11 @@ def explain_a_refused_driver(address: str) -> None:
     sys.excepthook = one_line
 
 
-def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
+def check_cluster_and_choose_gpu(args, flag: str = "--num-workers", cpu_each: bool = False) -> bool:
     """Whether the workers (or step 06's actors: flag="--actors") use GPUs (--use-gpu, --no-gpu, else: if the
     cluster has any), after checking that the cluster can ever hold them (an elastic range: its MIN): Ray would
-    wait for them forever."""
+    wait for them forever. Each asks Ray for a GPU alone on GPUs (a Ray Train worker: ScalingConfig's default),
+    else a CPU; cpu_each: a CPU always, beside its GPU (step 06's actor: map_batches' num_cpus=1)."""
     count = flag_value(args, flag)
     if count == 0:
         return prepare_local_mode(args)
@@ -192,9 +193,7 @@ def check_cluster_and_choose_gpu(args, flag: str = "--num-workers") -> bool:
     if use_gpu and count > gpus:
         raise fail(f"{request} needs {count} GPUs, the cluster has {gpus}; use {use}{gpus} or fewer, "
                    f"or --no-gpu to train on CPUs")
-    # What each asks Ray for: a Ray Train worker {"GPU": 1} alone on GPUs (ScalingConfig's default), else a CPU;
-    # step 06's actor a CPU always (map_batches' num_cpus=1).
-    if count > cpus and (flag == "--actors" or not use_gpu):
+    if count > cpus and (cpu_each or not use_gpu):
         raise fail(f"{request} needs {count} CPUs, the cluster has {cpus}; use {use}{cpus} or fewer")
     return use_gpu
 

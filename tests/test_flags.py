@@ -240,8 +240,8 @@ def test_an_elastic_range_needs_its_min_to_fit_the_cluster(flags, resources, mes
     assert run_main(ELASTIC, "--data", "synthetic", "--batch-size", "48", *flags) == (message, [])
 
 
-@pytest.mark.parametrize("flag, accepted", [("--num-workers", True), ("--actors", False)])
-def test_gpu_workers_are_counted_in_gpus_and_actors_in_both(flag, accepted, monkeypatch):
+@pytest.mark.parametrize("flag, cpu_each, accepted", [("--num-workers", False, True), ("--actors", True, False)])
+def test_gpu_workers_are_counted_in_gpus_and_actors_in_both(flag, cpu_each, accepted, monkeypatch):
     """4 nodes of 8 GPUs and 1 CPU each, as ray.cluster_resources() reports them (SLURM gives a job the CPUs it asks
     for): 32 GPU workers fit, for Ray Train asks {"GPU": 1} alone for each; step 06's 32 actors ask a CPU each too,
     and are refused in one line."""
@@ -252,11 +252,11 @@ def test_gpu_workers_are_counted_in_gpus_and_actors_in_both(flag, accepted, monk
     monkeypatch.setattr(ray_setup.ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 32.0, "memory": 1e12})
     args = argparse.Namespace(num_workers=32, actors=32, use_gpu=True)
     if accepted:
-        assert ray_setup.check_cluster_and_choose_gpu(args, flag) is True
+        assert ray_setup.check_cluster_and_choose_gpu(args, flag, cpu_each) is True
     else:
         with pytest.raises(SystemExit, match=r"^error: --actors 32 needs 32 CPUs, the cluster has 4; use --actors 4 "
                                              r"or fewer$"):
-            ray_setup.check_cluster_and_choose_gpu(args, flag)
+            ray_setup.check_cluster_and_choose_gpu(args, flag, cpu_each)
 
 
 def test_an_elastic_range_starts_on_its_min_and_waits_less_for_a_lost_node(monkeypatch):
