@@ -80,6 +80,8 @@ NOT_TIMED = {
     "python3 -m venv .venv": "before the workshop (the invitation)",
     ". .venv/bin/activate": "before the workshop (the invitation)",
     "pip install -r requirements.txt": "before the workshop (the invitation)",
+    "pip install torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cpu":
+        "before the workshop (the invitation)",
 }
 READS_DATA = ("train_single_machine.py", "train_ddp.py", "train_ray_ddp.py", "train_ray_fsdp2.py", "train_ray_fsdp.py",
               "tune_ray_ddp.py", "batch_inference.py", "train_ray_ddp_with_ray_data.py")
@@ -288,10 +290,19 @@ HEALTHY = re.compile(r"^(epoch \d+/\d+ \||resumed from |accuracy |[\d,]+ images 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def cpu_install() -> str:
+    """README's install without an NVIDIA GPU: its second bash block, the CPU wheels first."""
+    return re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)[1]
+
+
 def handout_markdown(results: dict) -> str:
     """Every command of the core in the deck's order, who runs it, the lines a healthy run prints, and its time."""
     lines = ["# Handout: the workshop's commands, in order", "",
-             "From the repository root, in the venv of README's first command. With each: the lines a healthy run "
+             "Before the day, from the repository root (Python 3.10 or later). Without an NVIDIA GPU, as on most "
+             "laptops, PyTorch's CPU wheels first (README's second block; about 1.6 GB in all, not 3.4 GB):", "",
+             "```bash", cpu_install(), "```", "",
+             "With an NVIDIA GPU, README's first command instead. Then, in that venv, the commands below. "
+             "With each: the lines a healthy run "
              "prints (the rest cut), and how long it took in the rehearsal on "
              f"{results['machine']} ({results['date']}, each run started at a 1-minute load average below 1). "
              "Your machine prints the same lines up to float rounding, in its own time.", ""]

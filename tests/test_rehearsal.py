@@ -190,6 +190,18 @@ def test_the_handout_is_the_published_rehearsal():
         assert f"```bash\n{c['command']}\n```" in handout.read_text()
 
 
+def test_the_invitation_slide_and_the_handout_install_the_cpu_wheels():
+    """Slide 2 goes out with the invitation and the handout is what the room follows: both carry README's install
+    without an NVIDIA GPU (PyTorch's CPU wheels first), or every such laptop downloads PyPI's CUDA build, 3.4 GB,
+    on the venue's network."""
+    install = rehearse.cpu_install()
+    [cpu_wheels] = [line for line in install.splitlines() if "download.pytorch.org/whl/cpu" in line]
+    invitation = rehearse.parse_deck(rehearse.DECK.read_text())[1]
+    commands = [" ".join(line.split()) for line in invitation.text.replace("\\\n", " ").splitlines()]
+    assert invitation.number == 2 and cpu_wheels in commands, "slide 2 lost README's CPU-wheel install"
+    assert f"```bash\n{install}\n```" in (ROOT / "slides" / "handout.md").read_text()
+
+
 def test_the_handout_keeps_the_lines_that_say_a_run_is_healthy():
     results = dict(machine="M", date="D", commands=[dict(
         slide=15, title="Your turn: step 02, a crash and a restart", seconds=37.5, command="python x.py", last_lines=[
