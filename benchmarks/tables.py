@@ -111,15 +111,25 @@ def state_mb(summary: dict) -> float:
     return m["params_mb"] + m["grads_mb"] + m["optimizer_mb"]
 
 
-def outcome(run: Run | None, trained, skipped: str, killed: str) -> str:
-    """How a memory run ended, in a table's words: trained(run) if it did, killed if Ray's memory monitor did it."""
+def outcome(run: Run | None, trained, skipped: str, killed: str, killed_saving: str) -> str:
+    """How a memory run ended, in a table's words: trained(run) if it did, killed if Ray's memory monitor did it
+    while it trained, killed_saving if it did once the run's log showed the last epoch trained (a step prints its
+    epoch line before it gathers and saves its checkpoint)."""
     if run is None:
         return "-"
     if run.status == "ok":
         return trained(run)
     if run.status == "skipped":
         return skipped
-    return killed if "OutOfMemory" in (run.error or "") else "failed"
+    if "OutOfMemory" not in (run.error or ""):
+        return "failed"
+    return killed_saving if trained_before_killed(run) else killed
+
+
+def trained_before_killed(run: Run) -> bool:
+    """Whether the run's published log shows its last epoch's line (epoch N/N |)."""
+    log = STEPS.parent / "logs" / f"{run.name}.log"
+    return log.exists() and re.search(r"^epoch (\d+)/\1 \|", log.read_text(errors="replace"), re.M) is not None
 
 
 # --- The documents' tables ---------------------------------------------------------------------------------------
@@ -231,7 +241,8 @@ def comparison_table(results: dict) -> list:
                 measured_cell(lambda r: f"{state_mb(r.summary):,.1f} MB")),
             row("the largest preset on 2 workers", lambda name, script: outcome(
                 memory.get(GIANT_ON_TWO[name]), lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
-                "does not fit", "killed: out of memory")),
+                "does not fit", "killed: out of memory",
+                "trained its step, killed saving its checkpoint: out of memory")),
             row("launch to first step", measured_cell(lambda r: f"{r.launch_to_first_step_s:.1f} s")),
             row("training images/s, 2 processes", measured_cell(speed))]
     first = next(iter(steps.values())).summary if steps else {}
@@ -663,7 +674,8 @@ def memory_slide(results: dict) -> list:
             need = re.search(r"([\d.]+ GiB) > 90% of ([\d.]+) GiB", r.skipped or "")
             rows.append([strategy, n, f"{state_mb(state.summary) / 1024:.2f} GiB" if state else "-", outcome(
                 r, lambda r: f"trained, peak {max(r.summary['peak_memory_mb']) / 1024:.1f} GiB",
-                f"not started: {need[1]} > {need[2]} GiB" if need else "not started", "killed by Ray: out of memory")])
+                f"not started: {need[1]} > {need[2]} GiB" if need else "not started", "killed by Ray: out of memory",
+                "trained; killed saving")])
     ok = [r for r in memory.values() if r.status == "ok"]
     what = f"`{ok[0].summary['model']}`, one step each" if ok else "the largest preset"
     return table(["strategy", "workers", "state per rank", "outcome"], rows) + [
@@ -693,9 +705,10 @@ def comparison_slide(results: dict) -> list:
             row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-"),
             row("`giant`, 2 ranks", lambda n: outcome(memory.get(GIANT_ON_TWO[n]),
                                                       lambda r: f"{state_mb(r.summary) / 1024:.1f} GiB each",
-                                                      "does not fit", "killed")),
-            # torchrun --max-restarts restarts every rank; resuming from a checkpoint is then the script's job.
-            row("a crash", lambda n: "all restart" if n == "ddp" else "restarts")]
+                                                      "does not fit", "killed", "killed saving")),
+            # Both restart every rank: torchrun --max-restarts leaves finding the checkpoint to the script, Ray Train
+            # hands the last reported one to the new workers (ray.train.get_checkpoint()).
+            row("a crash", lambda n: "you resume" if n == "ddp" else "Ray resumes")]
     first = next(iter(steps.values())).summary if steps else {}
     return table([""] + [title for _, _, title, _ in COMPARED], rows) + [
         "", f"{slide_measured_on(results)}: `{first.get('model')}`"]
