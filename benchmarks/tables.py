@@ -632,6 +632,8 @@ def steps_slide(results: dict, names: list) -> list:
     first = next(iter(ok_runs(results, "steps").values()), None)
     what = (f"`{first.summary['model']}`, {epochs_trained(results, first.summary)}, global batch "
             f"{first.summary['global_batch_size']}") if first else "the steps"
+    if "--data-dir" in results["command"]:  # the machine's offline copy: benchmarks/README.md, "The recipe"
+        what += "; test images partly JPEG-rebuilt"
     return table(["run", "processes", "test accuracy", "images/s", "first step at"], rows) + [
         "", f"{slide_measured_on(results)}: {what}"]
 
@@ -645,7 +647,9 @@ def steps_findings_slide(results: dict) -> list:
         accuracies = sorted({f"{steps[n].summary['test_accuracy']:.2%}" for n in same})
         lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
     if "ddp" in ips and "ray_ddp" in ips:
-        lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s")
+        # One run a row, and images/s varies by several percent between runs (benchmarks/README.md's repeats)
+        lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s in this run "
+                     "(a few percent either way in others)")
     if "single_machine" in ips and "ddp" in ips:
         # Like for like: both use the 2 cores (one process with 2 threads, two with one each). Ray's 1-worker run is
         # no baseline: Ray gives a worker one CPU and one thread, so its gain to 2 workers is mostly threads.
