@@ -3,7 +3,9 @@ bridge the test makes (and a name every host resolves, as a cluster's DNS gives)
 processes (UTS, mount and PID namespaces), and no folder shared with the others but those a recipe says must be:
 an NFS export or a PersistentVolume, mounted at the same path on each host. The repository and its venv stay where
 they are, as an image or a shared install would put them. A recipe that leans on loopback, on a home or a /tmp
-that another host wrote, or on a path only one host has, fails here as it would on a cluster.
+that another host wrote, or on a path only one host has, fails here as it would on a cluster. A host is up for
+the whole `with`: what a command leaves running (ray start's daemons, munged) runs on after it, as on a node,
+until the host goes down at the end or is lost (Host.lose()).
 
     with hosts(folder, ["head", "worker"], shared={"/mnt/shared": folder / "nfs"}) as cluster:
         process = lane.start(cluster["head"].command("ray start --head --block"), ...)
