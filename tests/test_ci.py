@@ -88,7 +88,7 @@ INDEX_ADDRESS = re.compile(r"\w+://[^\s`'\")<>]*(?:/simple\b|pythonhosted\.org|d
 
 def named_indexes(text: str) -> set:
     found = {m.group(1) for m in INDEX_OPTION.finditer(text) if "://" in m.group(1)}
-    return {address.rstrip(".,;`'\")") for address in found | set(INDEX_ADDRESS.findall(text))}
+    return {address.rstrip(".,;:`'\")") for address in found | set(INDEX_ADDRESS.findall(text))}  # punctuation
 
 
 def test_no_package_index_but_pytorchs_cpu_wheels_is_written_anywhere():
