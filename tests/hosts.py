@@ -29,6 +29,8 @@ HOME = "/home/user"  # each host's own (not /root: this machine's Python may liv
 # resolver, not its own DNS client.
 SHELL = "export GRPC_DNS_RESOLVER=native"
 UP_S = 30  # for a host's namespaces and mounts to be made
+# PATH on a host: this venv first, as an image or a shared install would have it, then the system's
+PATH = f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)

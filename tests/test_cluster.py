@@ -6,17 +6,23 @@ whose token was not copied, and a node or a step without RAY_AUTH_MODE, are refu
 import re
 import secrets
 import shutil
-import sys
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, SMOKE
 from early import takes
-from hosts import can_make_hosts, hosts
+from hosts import PATH, Host, can_make_hosts, hosts
 
 COMMAND_TIMEOUT_S = 120  # each command; the lane's wait a little longer, for the command's own end to be seen
 SHARED = "/mnt/shared"  # README's SHARED: storage every node sees
+
+
+def run_on(lane, host: Host, command: str, env: dict, before: str = "") -> subprocess.CompletedProcess:
+    """command on the host, from the repository (after the lines before), ended at COMMAND_TIMEOUT_S."""
+    script = f"cd {ROOT}\n{before}\ntimeout {COMMAND_TIMEOUT_S} {command}"
+    return lane.run(host.command(script), timeout=COMMAND_TIMEOUT_S + 30, env=env)
 
 
 def readme_cluster_commands() -> list:
@@ -38,7 +44,7 @@ def two_ray_hosts_by_hand(folder: Path, lane) -> dict:
     assert step.startswith("python 02-ray-train-ddp/train_ray_ddp.py --address HEAD_IP:6379 ")
     shared = folder / "nfs"
     shared.mkdir()
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    env = {"PATH": PATH}
     done = {}
     with hosts(folder, ["head", "node"], shared={SHARED: shared}) as cluster:
         head_ip = cluster["head"].address
@@ -47,8 +53,7 @@ def two_ray_hosts_by_hand(folder: Path, lane) -> dict:
                f"--epochs 1 --checkpoint-dir {SHARED}/checkpoints"
 
         def on(host: str, name: str, command: str) -> None:
-            script = f"cd {ROOT}\n{export}\ntimeout {COMMAND_TIMEOUT_S} {command}"
-            done[name] = lane.run(cluster[host].command(script), timeout=COMMAND_TIMEOUT_S + 30, env=env)
+            done[name] = run_on(lane, cluster[host], command, env, before=export)
 
         on("head", "generate", generate)
         on("head", "head", head + " --num-cpus 1")
@@ -111,15 +116,14 @@ def checkpoints_in_a_bucket(folder: Path, lane) -> dict:
     from the node for 2 epochs, a worker crashing after epoch 1 (--fail-at-epoch: Ray restarts the group from the
     checkpoint in the bucket); then --resume for a third epoch from a fresh driver on the head. Each command's exit
     code and output by its name, and the bucket's keys."""
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin", "RAY_AUTH_MODE": "token",
+    env = {"PATH": PATH, "RAY_AUTH_MODE": "token",
            "RAY_AUTH_TOKEN": secrets.token_hex(32), "AWS_ACCESS_KEY_ID": "workshop",
            "AWS_SECRET_ACCESS_KEY": "workshop", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": "http://storage:9000"}
     done = {}
     with hosts(folder, ["storage", "head", "node"]) as cluster:
         def on(host: str, name: str, command: str) -> None:
-            script = f"cd {ROOT}\ntimeout {COMMAND_TIMEOUT_S} {command}"
-            done[name] = lane.run(cluster[host].command(script), timeout=COMMAND_TIMEOUT_S + 30, env=env)
+            done[name] = run_on(lane, cluster[host], command, env)
 
         with (folder / "s3.log").open("w") as log:
             lane.start(cluster["storage"].command("exec moto_server -H 0.0.0.0 -p 9000"), env=env, stdout=log,

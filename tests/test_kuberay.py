@@ -23,7 +23,7 @@ import yaml
 
 from conftest import ROOT, SMOKE, parse_only
 from early import takes
-from hosts import can_make_hosts, hosts
+from hosts import PATH, can_make_hosts, hosts
 
 MANIFEST = ROOT / "02-ray-train-ddp" / "rayjob.yaml"
 CRD = ROOT / "tests" / "kuberay" / "ray.io_rayjobs.yaml.gz"
@@ -303,7 +303,7 @@ def rayjob_through_kuberays_submitter(folder: Path, lane) -> dict:
     spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env) if runtime_env else ""
     volume = folder / "workshop-shared"
     copy_repository(volume / "workshop")
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
+    env = {"PATH": PATH,
            "PYTHONPATH": str(ray_image_packages())}
     if job["spec"]["rayClusterSpec"].get("authOptions", {}).get("mode") == "token":
         env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
