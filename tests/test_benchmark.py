@@ -219,3 +219,22 @@ def test_lab_times_starts_as_an_attendee_does_with_no_reference_run_kept(monkeyp
     monkeypatch.setattr(sys, "argv", ["lab_times.py", "--labs", "01", "--out", str(tmp_path / "out")])
     lab_times.main()
     assert len(caches) == 2 and caches[0] == caches[1] and caches[0][0] != str(kept) and caches[0][1] == []
+
+
+def test_activations_measures_what_checkpointing_and_accumulation_save(tmp_path):
+    """benchmarks/activations.py on tiny: each way's activations at its peak, below the step as is for each way that
+    cuts them, the smallest with both; the weights of every way compared with the step as is."""
+    done = python("benchmarks/activations.py", "--model", "tiny", "--images", "16", "--steps", "1", "--out",
+                  str(tmp_path), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ways = {w["way"]: w for w in json.loads((tmp_path / "results.json").read_text())["ways"]}
+    assert list(ways) == ["as is", "checkpointed blocks", "4 micro-batches", "both"]
+    held = {name: w["at_peak_bytes"]["activations"] for name, w in ways.items()}
+    assert held["both"] < min(held["checkpointed blocks"], held["4 micro-batches"]) and \
+        max(held["checkpointed blocks"], held["4 micro-batches"]) < held["as is"], held
+    # Recomputing a block repeats its forward's arithmetic, on the same shapes and kernels: the same bits
+    differences = {name: w["weights_max_difference_from_as_is"] for name, w in ways.items()}
+    assert differences["checkpointed blocks"] == 0, differences
+    assert differences["both"] == differences["4 micro-batches"], differences
+    assert ways["as is"]["weights_max_difference_from_as_is"] == 0 and \
+        all(w["step_s"] > 0 and w["peak_bytes"] > 0 for w in ways.values())
