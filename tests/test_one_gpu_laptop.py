@@ -1,0 +1,66 @@
+"""The room's commands on a laptop with one NVIDIA GPU (tests/one_gpu/: a GPU faked where the hardware answers).
+Two processes or workers on one GPU are refused, one line each, by the steps' checks; so each your-turn slide and the
+handout say to hide the GPU first (`export CUDA_VISIBLE_DEVICES=`), and with it every command the room runs trains
+on the CPUs, as on a laptop without a GPU, and prints the same numbers."""
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from processes import ROOT, run
+
+sys.path.insert(0, str(ROOT / "slides"))
+import rehearse  # noqa: E402
+
+FAKE_ONE_GPU = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "one_gpu"),
+                                                            os.environ.get("PYTHONPATH")]))}
+HIDE = "export CUDA_VISIBLE_DEVICES="
+ROOM = [(title, command) for title, command in rehearse.REHEARSAL if not command.startswith("diff")]
+# Each run cut to its first steps: the checks under test run before the first step.
+CUT = {"batch_inference.py": ["--eval-images", "64"]}
+CUT_TRAINING = ["--model", "tiny", "--steps-per-epoch", "2", "--eval-images", "64"]
+
+
+def as_test_runs(command: str, work: Path) -> list:
+    """The room's command as the rehearsal runs it (synthetic data, its own folders), cut, with this Python; torchrun
+    on a free port (the suite's other runs use the default one)."""
+    from labs.harness import free_port
+    words = rehearse.as_run(command, work, data_dir=None)
+    words += CUT.get(Path(rehearse.script_of(words)).name, CUT_TRAINING)
+    if words[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--master-port", str(free_port()), *words[1:]]
+    return [sys.executable, *words[1:]]
+
+
+def test_the_fake_gpu_is_what_the_steps_checks_see():
+    """Without hiding it, the fake GPU refuses what a real one refuses: a test of the fake, and why the slides say
+    to hide it."""
+    torchrun = next(command for _, command in ROOM if command.startswith("torchrun"))
+    refused = run(as_test_runs(torchrun, Path("/nonexistent-never-written")), env=FAKE_ONE_GPU, timeout=120)
+    assert refused.returncode != 0 and "--nproc_per_node 2 is more than this node's 1 GPU(s)" in refused.stderr, \
+        refused.stderr[-3000:]
+
+
+def test_two_ray_workers_on_the_fake_gpu_are_refused_in_one_line(tmp_path):
+    step02 = next(command for _, command in ROOM if "train_ray_ddp.py" in command)
+    refused = run(as_test_runs(step02, tmp_path), env=FAKE_ONE_GPU, timeout=180)
+    assert refused.returncode != 0 and "--num-workers 2 needs 2 GPUs, the cluster has 1" in refused.stderr, \
+        refused.stderr[-3000:]
+
+
+def test_every_your_turn_slide_and_the_handout_say_how_to_hide_the_gpu():
+    turns = [slide for slide in rehearse.parse_deck(rehearse.DECK.read_text()) if slide.title.startswith("Your turn")]
+    assert len(turns) >= 4
+    for slide in turns:
+        assert HIDE in slide.text, f"slide {slide.number} ({slide.title}): say `{HIDE}` for a laptop with a GPU"
+    assert HIDE in (ROOT / "slides" / "handout.md").read_text()
+
+
+def test_every_command_of_the_room_trains_on_the_cpus_with_the_gpu_hidden(tmp_path):
+    """The room's commands in the talk's order (step 06 reads step 02's checkpoint), each accepted, on CPUs."""
+    for title, command in ROOM:
+        done = run(as_test_runs(command, tmp_path), env={**FAKE_ONE_GPU, "CUDA_VISIBLE_DEVICES": ""}, timeout=240)
+        assert done.returncode == 0, f"{title}: {shlex.join(done.args)}\n{done.stderr[-3000:]}"
+        placed = re.findall(r"\b\d+ (?:actor\(s\) )?x ([a-z]+)\b", done.stdout + done.stderr)  # "2 x cpu on 1 node(s)"
+        assert placed and set(placed) == {"cpu"}, f"{title}: its runs went to {placed or 'nowhere it printed'}"
