@@ -31,6 +31,7 @@ TUNE = PUBLISHED / "tune-sweep" / "results.json"
 PROFILE = PUBLISHED / "profile" / "results.json"
 REHEARSAL = PUBLISHED / "rehearsal" / "results.json"
 LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
+ACTIVATIONS = PUBLISHED / "activations" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
@@ -744,6 +745,28 @@ def diffs_slide(results: dict) -> list:
          else "not written yet"] for new, lesson in LESSONS.items()])
 
 
+def activations_table(results: dict) -> list:
+    """benchmarks/activations.py: each way's peak, what the peak holds by kind, and its time per step."""
+    base = results["ways"][0]
+    kinds = [k for k in base["at_peak_bytes"] if any(w["at_peak_bytes"][k] for w in results["ways"])]
+    rows = [[w["way"], f"{w['peak_bytes'] / 2**20:,.1f}", *(f"{w['at_peak_bytes'][k] / 2**20:,.1f}" for k in kinds),
+             f"{w['step_s']:.2f}", f"{w['step_s'] / base['step_s']:.2f}",
+             f"{w['weights_max_difference_from_as_is']:.1e}"] for w in results["ways"]]
+    return table(["way", "peak (MiB)", *(f"{k} at peak" for k in kinds), "s per step", f"of {base['way']}",
+                  "weights after 2 steps, largest difference"], rows) + [
+        "", f"`{results['model']}`, {results['images']} images (one rank's share of the global batch 128 on 2 ranks), "
+            f"one AdamW step; the median of {results['steps']} steps. Measured on {measured_on(results)}."]
+
+
+def activations_slide(results: dict) -> list:
+    """The activations lesson on a slide: each way's peak and time per step, against the step as it is."""
+    base = results["ways"][0]
+    rows = [[w["way"], f"{w['peak_bytes'] / 2**20:,.0f} MiB", f"{w['at_peak_bytes']['activations'] / 2**20:,.0f} MiB",
+             f"{w['step_s'] / base['step_s']:.2f}x"] for w in results["ways"]]
+    return table(["one rank's step", "peak", "activations at peak", "time"], rows) + [
+        "", f"{slide_measured_on(results)}: `{results['model']}`, {results['images']} images a rank"]
+
+
 TABLES = {
     "path": (STEPS, path_table),
     "comparison": (STEPS, comparison_table),
@@ -767,6 +790,8 @@ TABLES = {
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
+    "activations": (ACTIVATIONS, activations_table),
+    "activations-slide": (ACTIVATIONS, activations_slide),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},

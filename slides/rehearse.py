@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,6 @@ REHEARSAL = [
     ("Your turn: step 02, a crash and a restart",
      "python 02-ray-train-ddp/train_ray_ddp.py --num-workers 2 --epochs 2 --fail-at-epoch 1 --steps-per-epoch 20 "
      "--lr 1e-3 --eval-images 1000"),
-    ("Step 03: FSDP1, CPUs or GPUs",
-     "diff -u 02-ray-train-ddp/train_ray_ddp.py 03-ray-train-fsdp/train_ray_fsdp.py"),
     ("Step 04: FSDP2 `fully_shard`",
      "diff -u 02-ray-train-ddp/train_ray_ddp.py 04-ray-train-fsdp2/train_ray_fsdp2.py"),
     ("Your turn: step 04, FSDP2 on two workers",
@@ -214,6 +213,23 @@ def wait_until_quiet(limit_s: float = 600) -> float:
     return round(os.getloadavg()[0], 2)
 
 
+RUN_DEADLINE_S = 600  # twice the longest slot: a run past it is stopped, with everything it started, and fails
+
+
+def run_to_deadline(words: list, env: dict) -> subprocess.CompletedProcess:
+    """The command's exit code and output (stderr in stdout); past RUN_DEADLINE_S its process group is killed (Ray's
+    processes with it) and its exit code is 124, as timeout(1) says."""
+    process = subprocess.Popen(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        out, _ = process.communicate(timeout=RUN_DEADLINE_S)
+        return subprocess.CompletedProcess(words, process.returncode, out)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, _ = process.communicate()
+        return subprocess.CompletedProcess(words, 124, out + f"\nkilled after {RUN_DEADLINE_S} s\n")
+
+
 @dataclass
 class Timed:
     slide: int
@@ -247,7 +263,7 @@ def rehearse(out: Path, data_dir: str | None, only: list | None = None) -> list:
         print(f"[{i}/{len(REHEARSAL)}] slide {slide.number} ({slide.minutes:g} min): {command}", flush=True)
         load = round(os.getloadavg()[0], 2) if words[0] == "diff" else wait_until_quiet()
         start = time.monotonic()
-        done = subprocess.run(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = run_to_deadline(words, env)
         seconds = time.monotonic() - start
         (out / "logs" / f"{i:02d}.log").write_text(f"$ {shlex.join(words)}\n{done.stdout}")
         ok = done.returncode == 0 or (words[0] == "diff" and done.returncode == 1)  # diff: 1 means they differ
@@ -301,8 +317,10 @@ def handout_markdown(results: dict) -> str:
              "Before the day, from the repository root (Python 3.10 or later). Without an NVIDIA GPU, as on most "
              "laptops, PyTorch's CPU wheels first (README's second block; about 1.6 GB in all, not 3.4 GB):", "",
              "```bash", cpu_install(), "```", "",
-             "With an NVIDIA GPU, README's first command instead. Then, in that venv, the commands below. "
-             "With each: the lines a healthy run "
+             "With an NVIDIA GPU, README's first command instead, and on the day `export CUDA_VISIBLE_DEVICES=` "
+             "in the shell you run the commands from: the room runs on CPUs (on one GPU, two processes or workers "
+             "are refused, one per GPU; and a GPU's runs, in bf16, print other numbers than these). "
+             "Then, in that venv, the commands below. With each: the lines a healthy run "
              "prints (the rest cut), and how long it took in the rehearsal on "
              f"{results['machine']} ({results['date']}, each run started at a 1-minute load average below 1). "
              "Your machine prints the same lines up to float rounding, in its own time.", ""]

@@ -219,3 +219,37 @@ def test_the_decks_handout_page_lists_the_rooms_commands_in_the_talks_order():
     typed = [command for title, command in rehearse.REHEARSAL
              if title.startswith("Your turn") or title == "Step 01: the baseline"]
     assert rehearse.deck_commands(page) == typed
+
+
+SLIDE_NUMBER = re.compile(r"\b[Ss]lides? \d+")
+NAMED_BY_TITLE = ["README.md", "TROUBLESHOOTING.md", "slides/README.md", "labs/README.md", "benchmarks/README.md",
+                  *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("0*/README.md")))]
+
+
+def prose(text: str) -> str:
+    """What a person wrote: links to slides (checked by test_slides.py) and generated tables taken out."""
+    text = re.sub(r"<!-- table: [\w-]+ -->\n.*?<!-- /table -->", "", text, flags=re.S)
+    return re.sub(r"\[[^\]]*\]\(#\d+\)", "", text)
+
+
+def test_prose_never_names_a_slide_by_its_number():
+    """A number goes stale when a slide moves: the deck, its notes and the documents name a slide by what it shows
+    ("step 01's turn"); numbers come only from the deck as it is (links, the handout) or from the rehearsal."""
+    stale = [f"{path}: {found!r}" for path in ["slides/workshop.md", *NAMED_BY_TITLE]
+             for found in SLIDE_NUMBER.findall(prose((ROOT / path).read_text()))]
+    assert not stale, "name the slide by its title or what it shows:\n" + "\n".join(stale)
+
+
+def test_the_prose_check_sees_a_slide_number_and_lets_links_and_tables_be():
+    assert SLIDE_NUMBER.findall(prose("as slide 10's run")) == ["slide 10"]
+    assert SLIDE_NUMBER.findall(prose("[slide 10](#10) <!-- table: x -->\n| Slide 7 |\n<!-- /table -->")) == []
+
+
+def test_the_published_rehearsal_numbers_each_slide_as_the_deck_does():
+    """results.json, and the tables made from it (results.md, slides/README.md), number slides as the deck did when
+    it ran: once a slide moves, the rehearsal is of another deck."""
+    numbers = {slide.title: slide.number for slide in SLIDES}
+    results = published()
+    moved = [f"{row['slide']} {row['title']!r}: now {numbers.get(row['title'], 'gone')}"
+             for row in results["commands"] + results["slides"] if numbers.get(row["title"]) != row["slide"]]
+    assert not moved, "the deck changed since its rehearsal: run python slides/rehearse.py again\n" + "\n".join(moved)
