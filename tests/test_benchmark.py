@@ -38,7 +38,9 @@ def test_benchmark_writes_its_table(tmp_path):
     breakdown = [line for line in table.splitlines() if line.startswith("| ddp | ") and line.count("|") == 8]
     assert len(breakdown) == 1
     *phases, total = (float(cell) for cell in breakdown[0].strip("|").split("|")[1:])
-    assert sum(phases) == pytest.approx(total, abs=0.2) and all(p >= 0 for p in phases)
+    # Each of the five phases and the total is rounded to 0.1 s, each off by at most 0.05: the sum of the rounded
+    # phases and the rounded total differ by at most 6 x 0.05 (4.3 against 4.5 happened, beyond the 0.2 once allowed)
+    assert sum(phases) == pytest.approx(total, abs=6 * 0.05 + 1e-9) and all(p >= 0 for p in phases)
 
 
 def test_the_memory_section_shows_each_ranks_state_from_a_memory_run():
