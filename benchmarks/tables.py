@@ -32,6 +32,7 @@ PROFILE = PUBLISHED / "profile" / "results.json"
 REHEARSAL = PUBLISHED / "rehearsal" / "results.json"
 LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
 ACTIVATIONS = PUBLISHED / "activations" / "results.json"
+RAY_START = PUBLISHED / "ray-start" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
@@ -250,7 +251,8 @@ def comparison_table(results: dict) -> list:
     trained = epochs_trained(results, first) if first else "one epoch"
     return table([""] + [title for _, title, _, _ in COMPARED], rows) + [
         "", f"{trained.capitalize()} of `{first.get('model')}`, global batch {first.get('global_batch_size')}; the "
-            f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."]
+            f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."
+            + (" " + ray_start_summary(json.loads(RAY_START.read_text())) if RAY_START.exists() else "")]
 
 
 def local_mode_table(results: dict) -> list:
@@ -687,17 +689,6 @@ def memory_slide(results: dict) -> list:
         "", f"{slide_measured_on(results)}: {what}"]
 
 
-def ray_start_slide(results: dict) -> list:
-    """Why Ray starts slowly, as a bullet: Ray itself (a fresh ray.init, imports excluded), then the first step."""
-    steps = ok_runs(results, "steps")
-    if results.get("ray_start_s") is None or "ray_ddp" not in steps:
-        return ["Not measured yet."]
-    torchrun = f" (torchrun {steps['ddp'].launch_to_first_step_s:.1f} s)" if "ddp" in steps else ""
-    return [f"- Slow start: Ray {results['ray_start_s']:.1f} s, then a controller and workers that import torch: "
-            f"first step at {steps['ray_ddp'].launch_to_first_step_s:.1f} s{torchrun}", "",
-            f"{slide_measured_on(results)}: the steps table"]
-
-
 def comparison_slide(results: dict) -> list:
     """"Which one when", measured: the four strategies side by side, in cells short enough for a slide."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
@@ -767,6 +758,62 @@ def activations_slide(results: dict) -> list:
         "", f"{slide_measured_on(results)}: `{results['model']}`, {results['images']} images a rank"]
 
 
+def ray_start_table(results: dict) -> list:
+    """benchmarks/ray_start.py: each run's launch to first step, when each phase ended, and the CPU it took."""
+    torchrun = results["runs"][0]["launch_to_first_step_s"]
+    rows = [[r["name"], f"{r['launch_to_first_step_s']:.1f}", f"{r['launch_to_first_step_s'] / torchrun:.1f}x",
+             *(f"{r['phases_s'][phase]:.1f}" for phase in ("imports", "launcher", "data", "model")),
+             f"{r['machine_busy_core_s']:.1f}",
+             f"{r['machine_busy_core_s'] / (results['cores'] * r['launch_to_first_step_s']):.0%}",
+             len(r["processes"])] for r in results["runs"]]
+    return table(["run", "launch to first step", "of torchrun's", "the driver's imports done", "train() starts",
+                  "data ready", "model ready", "CPU s used by then", "of the cores' time",
+                  "processes that used CPU"], rows) + [
+        "", f"Seconds from launch. {results['cores']} cores; `{results['setting']}`, 2 processes. Measured on "
+            f"{measured_on(results)}."]
+
+
+def ray_start_processes(results: dict, run_name: str) -> list:
+    """One run's processes: when each appeared (- : it ran before the launch), when a Ray worker took its role, and
+    its CPU seconds until the first step; for the fresh run, the imports of one process of each role."""
+    run = next(r for r in results["runs"] if r["name"] == run_name)
+    imports = run.get("imports", {})
+    packages = [p for p in ("ray.train", "ray.data", "pandas", "torch", "torchvision")
+                if any(p in seconds for seconds in imports.values())]
+
+    def at(seconds):
+        return "-" if seconds is None else f"{seconds:.1f}"
+    rows = [[p["role"], at(p["appeared_s"]), at(p["role_s"]), f"{p['cpu_s']:.2f}",
+             *(f"{imports[p['role']][package]:.2f}" if package in imports.get(p["role"], {}) else ""
+               for package in packages)]
+            for p in run["processes"]]
+    return table(["process", "appeared", "took its role", "CPU s until the first step",
+                  *(f"imports `{p}`" for p in packages)], rows) + [
+        "", f"{run['name']}: launch to first step {run['launch_to_first_step_s']:.1f} s, seconds from launch. "
+            + ("Imports: seconds each package took to import in one process of each role (itself and what it "
+               "imported first; blank: imported before the log began, or not at all), from a second run with "
+               "Python's import timing on, which slows them. " if imports else "")
+            + f"Measured on {measured_on(results)}."]
+
+
+def ray_start_summary(results: dict) -> str:
+    """The comparison's last words: the launch to first step of each run of ray_start.py, and where to read it
+    process by process."""
+    runs = {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
+    return (f"Launch to first step, `tiny`, in one run of benchmarks/ray_start.py: torchrun {runs['torchrun']:.1f} s, "
+            f"Ray {runs['Ray, fresh']:.1f} s starting its own Ray (as the steps do), "
+            f"{runs['Ray, running cluster (2nd run)']:.1f} s on a running cluster; each second, process by process: "
+            f"[Ray's start](benchmarks/README.md#rays-start-process-by-process). Measured on {measured_on(results)}.")
+
+
+def ray_start_slide(results: dict) -> list:
+    """Why Ray starts slowly, as a bullet: fresh and on a running cluster, against torchrun (ray_start.py)."""
+    runs = {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
+    return [f"- Slow start: first step at {runs['Ray, fresh']:.1f} s, {runs['Ray, running cluster (2nd run)']:.1f} s "
+            f"on a running cluster (torchrun {runs['torchrun']:.1f} s): Ray Train's processes, per run", "",
+            f"{slide_measured_on(results)}: `tiny`"]
+
+
 TABLES = {
     "path": (STEPS, path_table),
     "comparison": (STEPS, comparison_table),
@@ -786,12 +833,15 @@ TABLES = {
     "steps-findings-slide": (STEPS, steps_findings_slide),
     "memory-slide": (STEPS, memory_slide),
     "diffs-slide": (STEPS, diffs_slide),
-    "ray-start-slide": (STEPS, ray_start_slide),
+    "ray-start-slide": (RAY_START, ray_start_slide),
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
     "activations": (ACTIVATIONS, activations_table),
     "activations-slide": (ACTIVATIONS, activations_slide),
+    "ray-start": (RAY_START, ray_start_table),
+    "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, "Ray, fresh")),
+    "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, "Ray, running cluster (2nd run)")),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},

@@ -240,3 +240,24 @@ def test_activations_measures_what_checkpointing_and_accumulation_save(tmp_path)
     assert differences["both"] == differences["4 micro-batches"], differences
     assert ways["as is"]["weights_max_difference_from_as_is"] == 0 and \
         all(w["step_s"] > 0 and w["peak_bytes"] > 0 for w in ways.values())
+
+
+def test_ray_start_reads_each_process_imports_its_role_and_its_cpu_until_the_first_step():
+    """benchmarks/ray_start.py's reading of what it saw (its runs are the benchmark's, not the suite's): the driver's
+    own import lines, not a worker's that Ray forwarded to it; a worker's role once it left ray::IDLE; a process that
+    ran before the launch counted from its CPU then, one that appeared after the first step not at all."""
+    ray_start = load_script("benchmarks/ray_start.py")
+    driver = ("1.0\timport time:       100 |      1450000 | torch\n"
+              "1.1\timport time:        20 |        30000 |   torch._dynamo\n"
+              "1.2\timport time:       100 |       920000 |   ray.train\n"
+              "2.0\t(RayTrainWorker pid=7) import time:  1 |  9000000 | torchvision\n"
+              "3.0\timport time:       100 |      5000000 | torch\n")
+    assert ray_start.import_times(driver) == {"torch": 1.45, "ray.train": 0.92}
+    assert ray_start.role_of([("ray::IDLE", 5.0), ("ray::RayTrainWorker.__init__", 7.5)]) == ("RayTrainWorker", 7.5)
+    assert ray_start.role_of([("raylet", 4.0)]) == ("raylet", None)
+    seen = {"10": dict(titles=[("gcs_server", 0.0)], cpu=[(0.5, 3.0), (9.0, 3.4), (11.0, 9.0)]),
+            "11": dict(titles=[("ray::IDLE", 2.0), ("ray::TrainController.run", 3.0)], cpu=[(2.0, 0.1), (9.5, 2.5)]),
+            "12": dict(titles=[("ray::IDLE", 10.5)], cpu=[(10.5, 1.0)])}
+    rows = ray_start.account(seen, before={"10": ("gcs_server", 3.0)}, launched=0.0, first_step=10.0)
+    assert rows == [dict(role="TrainController", pid=11, appeared_s=2.0, role_s=3.0, cpu_s=2.5),
+                    dict(role="gcs_server", pid=10, appeared_s=None, role_s=None, cpu_s=0.4)]

@@ -1,0 +1,274 @@
+"""Where a Ray run's start goes, process by process, next to torchrun's: from the command to the first optimizer step.
+
+    python benchmarks/ray_start.py --out benchmarks/published/ray-start    # with nothing else running
+
+The issue's setting (`--model tiny --data synthetic`, 2 processes, 2 steps): what is left is the start. Four runs, one
+after the other: step 01 under torchrun; step 02 starting its own Ray (as in the room); step 02 twice on a Ray
+started before it (`ray start --head`, token on, as README's cluster path; then `--address`). Each run's launch to
+first step is the step's own summary.json (its time to first step) plus its imports, as compare_steps.py reads it,
+with the step's phases (its imports done, train() started, data and model ready).
+While it runs, every process on the machine is read from /proc every 0.1 s: when it appeared, each title it took
+(a Ray worker is ray::IDLE until it is given an actor), and its CPU seconds up to the first step. A second pass of
+the Ray runs with PYTHONPROFILEIMPORTTIME=1 (Ray hands the environment on to every process it starts) reads what each
+process imported and how long that took; it is not timed. The machine is 2 cores: a process's CPU seconds are the
+time it took from the others. Writes results.json; tables.py renders it.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
+from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
+from benchmarks.ray_overhead import TICKS, machine_ticks  # noqa: E402
+from common.meter import summary_of  # noqa: E402
+
+CUT = ["--model", "tiny", "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--eval-images", "64"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "01-vanilla-pytorch-ddp/train_ddp.py", *CUT]
+RAY = ["02-ray-train-ddp/train_ray_ddp.py", *CUT, "--num-workers", "2"]
+SAMPLE_S = 0.1  # /proc read in Python: about a tenth of a core at this rate (its own row)
+DEADLINE_S = 300  # a run past it is killed, with every process it started, and the benchmark fails
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/ray-start"))
+    args = parser.parse_args()
+    made = made_by(describe_commit(("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py",
+                                    "02-ray-train-ddp/train_ray_ddp.py"), "the code it runs"))
+    work = Path(tempfile.mkdtemp(prefix="rs-"))  # short: Ray's socket paths live under it
+    runs = [measure("torchrun", TORCHRUN, work)]
+    runs.append(measure("Ray, fresh", RAY, work, imports=True))
+    with running_cluster(work) as address:  # its workers are started by its raylet, without the driver's environment
+        runs.append(measure("Ray, running cluster (1st run)", [*RAY, "--address", address], work))
+        runs.append(measure("Ray, running cluster (2nd run)", [*RAY, "--address", address], work))
+    results = dict(machine=describe_machine(), **made, cores=os.cpu_count(), setting=" ".join(CUT), runs=runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {args.out / 'results.json'}")
+
+
+def measure(name: str, command: list, work: Path, imports: bool = False) -> dict:
+    """One run, timed and watched; then, for imports, the same run again with Python's import timing on."""
+    print(f"{name}: {' '.join(command)}", flush=True)
+    load = wait_until_quiet()
+    run = timed_run(command, work / "runs" / re.sub(r"\W+", "-", name))
+    if imports:
+        run["imports"] = imports_by_role(command, work / "imports" / re.sub(r"\W+", "-", name))
+    print(f"  launch to first step {run['launch_to_first_step_s']} s", flush=True)
+    return dict(name=name, command=" ".join(["python", *command]), load_average_before=load, **run)
+
+
+def wait_until_quiet(limit_s: float = 300) -> float:
+    """The 1-minute load average once below 1 (the last run's processes, or the cluster's start, have settled), or
+    as it is after limit_s; recorded with the run."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= 1 and time.monotonic() < deadline:
+        time.sleep(5)
+    return round(os.getloadavg()[0], 2)
+
+
+def timed_run(command: list, folder: Path) -> dict:
+    folder.mkdir(parents=True)
+    env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1"}  # a fresh Ray's session: here
+    before = processes()
+    seen, done = {}, threading.Event()
+    watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
+    busy_at_launch = machine_ticks()
+    launched = time.time()
+    watcher.start()
+    output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")], env)
+    done.set()
+    watcher.join()
+    summary = next((summary_of(json.loads(line.split("\t", 1)[1])) for line in output.splitlines()
+                    if line.split("\t", 1)[1].startswith("{")), None)
+    if summary is None:
+        raise SystemExit(f"error: {' '.join(command)} printed no summary line:\n{output[-3000:]}")
+    script_started = output_seen_at(output, launched) - summary["wall_time_s"]  # its imports done: make_parser ran
+    first_step = launched + script_started + summary["time_to_first_step_s"]
+    busy = seen.pop("machine")
+    phases = dict(imports=script_started, **{phase: script_started + at for phase, at in summary["startup_s"].items()})
+    return dict(launch_to_first_step_s=round(first_step - launched, 1),
+                phases_s={phase: round(at, 1) for phase, at in phases.items()},
+                machine_busy_core_s=round(cpu_at(busy, first_step) - busy_at_launch / TICKS, 1),
+                processes=account(seen, before, launched, first_step))
+
+
+def run_to_deadline(words: list, env: dict) -> str:
+    """The command's output (stderr in stdout), each line stamped with when it arrived (time.time(), tab, line);
+    past DEADLINE_S its process group is killed, Ray's processes with it."""
+    process = subprocess.Popen(words, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    killer = threading.Timer(DEADLINE_S, os.killpg, args=(process.pid, signal.SIGKILL))
+    killer.start()
+    lines = [f"{time.time()}\t{line}" for line in process.stdout]
+    killer.cancel()
+    if process.wait():
+        raise SystemExit(f"error: {' '.join(words)} ended with {process.returncode}:\n{''.join(lines)[-3000:]}")
+    return "".join(lines)
+
+
+def output_seen_at(output: str, launched: float) -> float:
+    """Seconds from launch to the summary line, the moment the step's wall_time_s ends."""
+    return next(float(line.split("\t", 1)[0]) for line in output.splitlines()
+                if line.split("\t", 1)[1].startswith("{")) - launched
+
+
+def watch(seen: dict, done: threading.Event) -> None:
+    """Every process's titles with when each was first seen, and its CPU seconds over time; the machine's busy
+    seconds over time under "machine"."""
+    while not done.wait(SAMPLE_S):
+        now = time.time()
+        seen.setdefault("machine", []).append((now, machine_ticks() / TICKS))
+        for pid, (title, cpu_s) in processes().items():
+            entry = seen.setdefault(pid, dict(titles=[], cpu=[]))
+            if title not in [t for t, _ in entry["titles"]]:
+                entry["titles"].append((title, now))
+            entry["cpu"].append((now, cpu_s))
+
+
+def cpu_at(samples: list, moment: float) -> float:
+    """The CPU seconds of the last sample at or before moment (the first one if none: the process was young)."""
+    return max((s for s in samples if s[0] <= moment), default=samples[0])[1]
+
+
+def account(seen: dict, before: dict, launched: float, first_step: float) -> list:
+    """Each process that used CPU before the first step: its role, when it appeared and took its role (seconds from
+    launch; None when it ran before the launch), and its CPU seconds until the first step."""
+    rows = []
+    for pid, entry in seen.items():
+        appeared = entry["titles"][0][1] if pid not in before else None
+        if appeared is not None and appeared > first_step:
+            continue
+        start_cpu = before[pid][1] if pid in before else 0.0
+        used = cpu_at(entry["cpu"], first_step) - start_cpu
+        if used < 0.05:
+            continue
+        role, took_role = role_of(entry["titles"])
+        since_launch = [None if moment is None else round(moment - launched, 1) for moment in (appeared, took_role)]
+        rows.append(dict(role=role, pid=int(pid), appeared_s=since_launch[0], role_s=since_launch[1],
+                         cpu_s=round(used, 2)))
+    return sorted(rows, key=lambda row: -row["cpu_s"])
+
+
+def role_of(titles: list) -> tuple:
+    """A process's role and when it took it: the actor class or task a Ray worker ran (its titles name them; None
+    until then), else its program, module or script."""
+    named = [(t.removeprefix("ray::").split(".")[0], at) for t, at in titles
+             if t.startswith("ray::") and t != "ray::IDLE"]
+    if named:
+        return named[0]
+    return ("idle Ray worker", None) if titles[0][0] == "ray::IDLE" else (titles[0][0], None)
+
+
+def processes() -> dict:
+    """pid: (title, CPU seconds) of every process readable in /proc; the title is a Ray worker's ray::..., else the
+    module (-m) or script a Python process runs, else its program's name."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if not argv[0]:
+            continue  # a kernel thread
+        cpu_s = (int(fields[11]) + int(fields[12])) / TICKS
+        found[pid] = ("this benchmark, reading /proc" if int(pid) == os.getpid() else title_of(argv), cpu_s)
+    return found
+
+
+def title_of(argv: list) -> str:
+    if argv[0].startswith("ray::"):
+        return argv[0].strip()
+    if "-m" in argv[1:3]:
+        return argv[argv.index("-m") + 1]
+    scripts = [Path(a).name for a in argv[1:4] if a.endswith(".py")]
+    return (scripts or [Path(argv[0]).name])[0]
+
+
+def imports_by_role(command: list, folder: Path) -> dict:
+    """Role: its imports of PACKAGES (seconds), from a run with PYTHONPROFILEIMPORTTIME=1: the driver's stderr, and
+    a Ray worker's log (worker-...-PID.err, its role from the titles /proc showed; one process of each role)."""
+    folder.mkdir(parents=True)
+    env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPROFILEIMPORTTIME": "1"}
+    seen, done = {}, threading.Event()
+    watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
+    watcher.start()
+    output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")], env)
+    done.set()
+    watcher.join()
+    texts = {title_of(["python", *command]): output}  # the driver's, under its script's name as /proc shows it
+    logs = Path(env["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"  # a running cluster's, or this run's Ray
+    for log in logs.glob("worker-*.err"):
+        pid = log.stem.rsplit("-", 1)[1]
+        if pid in seen:
+            texts[role_of(seen[pid]["titles"])[0]] = log.read_text(errors="replace")
+    return {role: import_times(text) for role, text in texts.items()}
+
+
+IMPORT_LINE = re.compile(r"(?:[\d.]+\t)?import time:\s+\d+ \|\s+(\d+) \| *([\w.]+)$")  # the driver's: stamped
+PACKAGES = ("ray", "ray.train", "ray.data", "pyarrow", "pandas", "torch", "torchvision", "common")
+
+
+def import_times(text: str) -> dict:
+    """Seconds each of PACKAGES took to import, itself and what it imported first (Python imports a module once: its
+    one line, at whatever depth; the first such line, so that lines of other processes printed after are left)."""
+    seconds = {}
+    for line in text.splitlines():
+        match = IMPORT_LINE.match(line)  # not a worker's line that Ray forwards to the driver, "(pid=...) import..."
+        if match and match[2] in PACKAGES:
+            seconds.setdefault(match[2], round(int(match[1]) / 1e6, 2))
+    return seconds
+
+
+class running_cluster:
+    """`ray start --head` as README's cluster path has it (token authentication on, a token of its own), in a home
+    and temporary folder of its own; stopped with everything it started when the with ends."""
+
+    def __init__(self, work: Path):
+        self.home, self.tmp = work / "home", work / "cluster"
+        self.home.mkdir(parents=True)
+        self.tmp.mkdir()
+
+    def __enter__(self) -> str:
+        from labs.harness import free_port
+        port = free_port()
+        env = {**os.environ, "HOME": str(self.home), "RAY_AUTH_MODE": "token", "RAY_TMPDIR": str(self.tmp)}
+        subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
+        self.head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--block"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.saved = {name: os.environ.get(name) for name in ("HOME", "RAY_AUTH_MODE", "RAY_TMPDIR")}
+        os.environ.update(HOME=str(self.home), RAY_AUTH_MODE="token", RAY_TMPDIR=str(self.tmp))  # its drivers' too
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while subprocess.run(["ray", "status", f"--address={address}"], env=env, capture_output=True).returncode:
+            if time.monotonic() > deadline or self.head.poll() is not None:
+                raise SystemExit(f"error: ray start --head did not answer at {address} within 60 s")
+            time.sleep(1)
+        return address
+
+    def __exit__(self, *_):
+        for name, value in self.saved.items():
+            os.environ.pop(name) if value is None else os.environ.update({name: value})
+        os.killpg(self.head.pid, signal.SIGTERM)
+        try:
+            self.head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.head.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
