@@ -323,7 +323,7 @@ def handout_markdown(results: dict) -> str:
              "Then, in that venv, the commands below. With each: the lines a healthy run "
              "prints (the rest cut), and how long it took in the rehearsal on "
              f"{results['machine']} ({results['date']}, each run started at a 1-minute load average below 1). "
-             "Your machine prints the same lines up to float rounding, in its own time.", ""]
+             "Your machine prints the same lines up to float rounding, in its own time.", "", *ray_start_line()]
     numbers = {slide.title: slide.number for slide in parse_deck(DECK.read_text())}  # the deck's, as it is now
     for c in results["commands"]:
         who = "you" if c["title"].startswith("Your turn") else "the presenter (follow along if you like)"
@@ -334,6 +334,21 @@ def handout_markdown(results: dict) -> str:
         if healthy:
             lines += ["```text", *healthy, "```", ""]
     return "\n".join(lines)
+
+
+def ray_start_line() -> list:
+    """What a Ray command waits before it trains, from benchmarks/ray_start.py's published run, if there is one."""
+    path = ROOT / "benchmarks" / "published" / "ray-start" / "results.json"
+    if not path.exists():
+        return []
+    ray_start = json.loads(path.read_text())
+    runs = {r["name"]: r["launch_to_first_step_s"] for r in ray_start["runs"]}
+    return [f"Each Ray command waits before it trains: Ray Train starts a controller, helpers and workers for every "
+            f"run, each importing Ray Train. On {ray_start['machine']} ({ray_start['date']}, `--model tiny`), step "
+            f"02's first step came {runs['Ray, fresh']:.1f} s after its launch, "
+            f"{runs['Ray, running cluster (2nd run)']:.1f} s on a Ray cluster already running, torchrun's "
+            f"{runs['torchrun']:.1f} s (benchmarks/README.md, "
+            f"\"Ray's start\").", ""]
 
 
 def machine() -> tuple:
