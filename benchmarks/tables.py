@@ -773,6 +773,39 @@ def ray_start_table(results: dict) -> list:
             f"{measured_on(results)}."]
 
 
+RAY_START_STAGES = [  # (what runs, whose it is): each stage ends where the next begins, the last at the first step
+    ("the driver imports the step's modules (Ray Train, torch, torchvision)", "the step"),
+    ("Ray starts (a fresh run: GCS, raylet, dashboard, agents), then the controller's process", "Ray"),
+    ("the controller imports Ray Train and torch, starts its helpers, then the workers' processes", "Ray Train"),
+    ("the workers import Ray and take their roles", "Ray Train"),
+    ("the workers import the step's modules, join the process group (a dataset manager starts beside them)",
+     "the step, and Ray Train"),
+    ("the step: data, model, first step", "the step"),
+]
+
+
+def ray_start_stage_ends(run: dict) -> list:
+    """When each of RAY_START_STAGES ended, in seconds from launch, read from the run's phases and processes."""
+    def moments(role, key):
+        return [p[key] for p in run["processes"] if p["role"] == role and p[key] is not None]
+    return [run["phases_s"]["imports"], min(moments("TrainController", "appeared_s")),
+            min(moments("RayTrainWorker", "appeared_s")), max(moments("RayTrainWorker", "role_s")),
+            run["phases_s"]["launcher"], run["launch_to_first_step_s"]]
+
+
+def ray_start_timeline(results: dict) -> list:
+    """Step 02's start, stage by stage, fresh and on a running cluster: each second named, and whose it is."""
+    runs = {r["name"]: r for r in results["runs"]}
+    names = ["Ray, fresh", "Ray, running cluster (2nd run)"]
+    ends = {name: ray_start_stage_ends(runs[name]) for name in names}
+    rows = [[stage, whose, *(f"{ends[n][i] - (ends[n][i - 1] if i else 0):.1f}" for n in names)]
+            for i, (stage, whose) in enumerate(RAY_START_STAGES)]
+    rows.append(["launch to first step", "", *(f"{ends[n][-1]:.1f}" for n in names)])
+    return table(["stage", "whose", "fresh (s)", "running cluster (s)"], rows) + [
+        "", f"Read from the runs above: the step's phases and when each process appeared or took its role. Measured "
+            f"on {measured_on(results)}."]
+
+
 def ray_start_processes(results: dict, run_name: str) -> list:
     """One run's processes: when each appeared (- : it ran before the launch), when a Ray worker took its role, and
     its CPU seconds until the first step; for the fresh run, the imports of one process of each role."""
@@ -840,6 +873,7 @@ TABLES = {
     "activations": (ACTIVATIONS, activations_table),
     "activations-slide": (ACTIVATIONS, activations_slide),
     "ray-start": (RAY_START, ray_start_table),
+    "ray-start-timeline": (RAY_START, ray_start_timeline),
     "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, "Ray, fresh")),
     "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, "Ray, running cluster (2nd run)")),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
