@@ -2,14 +2,14 @@
 
     python benchmarks/ray_start.py --out benchmarks/published/ray-start    # with nothing else running
 
-The issue's setting (`--model tiny --data synthetic`, 2 processes, 2 steps): what is left is the start. Four runs, one
-after the other: step 01 under torchrun; step 02 starting its own Ray (as in the room); step 02 twice on a Ray
-started before it (`ray start --head`, token on, as README's cluster path; then `--address`). Each run's launch to
+The smallest run (`--model tiny --data synthetic`, 2 processes, 2 steps): what is left is the start. Four runs, one
+after the other: step 01 under torchrun; step 02 starting its own Ray (as in the room); step 02 twice on a Ray started
+before it (`ray start --head`, token on, as README's cluster path; then `--address`). Each run's launch to
 first step is the step's own summary.json (its time to first step) plus its imports, as compare_steps.py reads it,
 with the step's phases (its imports done, train() started, data and model ready).
 While it runs, every process on the machine is read from /proc every 0.1 s: when it appeared, each title it took
 (a Ray worker is ray::IDLE until it is given an actor), and its CPU seconds up to the first step. A second pass of
-the Ray runs with PYTHONPROFILEIMPORTTIME=1 (Ray hands the environment on to every process it starts) reads what each
+the fresh run with PYTHONPROFILEIMPORTTIME=1 (Ray hands the environment on to every process it starts) reads what each
 process imported and how long that took; it is not timed. The machine is 2 cores: a process's CPU seconds are the
 time it took from the others. Writes results.json; tables.py renders it.
 """
@@ -63,9 +63,9 @@ def measure(name: str, command: list, work: Path, imports: bool = False) -> dict
     """One run, timed and watched; then, for imports, the same run again with Python's import timing on."""
     print(f"{name}: {' '.join(command)}", flush=True)
     load = wait_until_quiet()
-    run = timed_run(command, work / "runs" / re.sub(r"\W+", "-", name))
+    run = timed_run(command, Path(tempfile.mkdtemp(dir=work)))  # short: Ray's socket paths are at most 107 bytes
     if imports:
-        run["imports"] = imports_by_role(command, work / "imports" / re.sub(r"\W+", "-", name))
+        run["imports"] = imports_by_role(command, Path(tempfile.mkdtemp(dir=work)))
     print(f"  launch to first step {run['launch_to_first_step_s']} s", flush=True)
     return dict(name=name, command=" ".join(["python", *command]), load_average_before=load, **run)
 
@@ -80,7 +80,6 @@ def wait_until_quiet(limit_s: float = 300) -> float:
 
 
 def timed_run(command: list, folder: Path) -> dict:
-    folder.mkdir(parents=True)
     env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1"}  # a fresh Ray's session: here
     before = processes()
     seen, done = {}, threading.Event()
@@ -202,7 +201,6 @@ def title_of(argv: list) -> str:
 def imports_by_role(command: list, folder: Path) -> dict:
     """Role: its imports of PACKAGES (seconds), from a run with PYTHONPROFILEIMPORTTIME=1: the driver's stderr, and
     a Ray worker's log (worker-...-PID.err, its role from the titles /proc showed; one process of each role)."""
-    folder.mkdir(parents=True)
     env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPROFILEIMPORTTIME": "1"}
     seen, done = {}, threading.Event()
     watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
