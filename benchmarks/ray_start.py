@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip inst
 from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
 from benchmarks.ray_overhead import TICKS, machine_ticks  # noqa: E402
 from common.meter import summary_of  # noqa: E402
+from slides.rehearse import wait_until_quiet  # noqa: E402  the rehearsal's: each run on cores of its own
 
 CUT = ["--model", "tiny", "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--eval-images", "64"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -70,31 +71,14 @@ def measure(name: str, command: list, work: Path, imports: bool = False) -> dict
     return dict(name=name, command=" ".join(["python", *command]), load_average_before=load, **run)
 
 
-def wait_until_quiet(limit_s: float = 300) -> float:
-    """The 1-minute load average once below 1 (the last run's processes, or the cluster's start, have settled), or
-    as it is after limit_s; recorded with the run."""
-    deadline = time.monotonic() + limit_s
-    while os.getloadavg()[0] >= 1 and time.monotonic() < deadline:
-        time.sleep(5)
-    return round(os.getloadavg()[0], 2)
-
-
 def timed_run(command: list, folder: Path) -> dict:
     env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1"}  # a fresh Ray's session: here
     before = processes()
-    seen, done = {}, threading.Event()
-    watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
     busy_at_launch = machine_ticks()
     launched = time.time()
-    watcher.start()
-    output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")], env)
-    done.set()
-    watcher.join()
-    summary = next((summary_of(json.loads(line.split("\t", 1)[1])) for line in output.splitlines()
-                    if line.split("\t", 1)[1].startswith("{")), None)
-    if summary is None:
-        raise SystemExit(f"error: {' '.join(command)} printed no summary line:\n{output[-3000:]}")
-    script_started = output_seen_at(output, launched) - summary["wall_time_s"]  # its imports done: make_parser ran
+    output, seen = watched_run(command, folder, env)
+    seen_at, summary = summary_line(output)
+    script_started = seen_at - launched - summary["wall_time_s"]  # its imports done: make_parser ran
     first_step = launched + script_started + summary["time_to_first_step_s"]
     busy = seen.pop("machine")
     phases = dict(imports=script_started, **{phase: script_started + at for phase, at in summary["startup_s"].items()})
@@ -102,6 +86,19 @@ def timed_run(command: list, folder: Path) -> dict:
                 phases_s={phase: round(at, 1) for phase, at in phases.items()},
                 machine_busy_core_s=round(cpu_at(busy, first_step) - busy_at_launch / TICKS, 1),
                 processes=account(seen, before, launched, first_step))
+
+
+def watched_run(command: list, folder: Path, env: dict) -> tuple:
+    """The command's stamped output, and what watch() saw of every process while it ran."""
+    seen, done = {}, threading.Event()
+    watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
+    watcher.start()
+    try:
+        output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")], env)
+    finally:
+        done.set()
+        watcher.join()
+    return output, seen
 
 
 def run_to_deadline(words: list, env: dict) -> str:
@@ -118,10 +115,13 @@ def run_to_deadline(words: list, env: dict) -> str:
     return "".join(lines)
 
 
-def output_seen_at(output: str, launched: float) -> float:
-    """Seconds from launch to the summary line, the moment the step's wall_time_s ends."""
-    return next(float(line.split("\t", 1)[0]) for line in output.splitlines()
-                if line.split("\t", 1)[1].startswith("{")) - launched
+def summary_line(output: str) -> tuple:
+    """When the step's JSON last line arrived (the moment its wall_time_s ends), and the summary that line names."""
+    for line in output.splitlines():
+        stamp, text = line.split("\t", 1)
+        if text.startswith("{"):
+            return float(stamp), summary_of(json.loads(text))
+    raise SystemExit(f"error: the run printed no summary line:\n{output[-3000:]}")
 
 
 def watch(seen: dict, done: threading.Event) -> None:
@@ -202,12 +202,7 @@ def imports_by_role(command: list, folder: Path) -> dict:
     """Role: its imports of PACKAGES (seconds), from a run with PYTHONPROFILEIMPORTTIME=1: the driver's stderr, and
     a Ray worker's log (worker-...-PID.err, its role from the titles /proc showed; one process of each role)."""
     env = {"RAY_TMPDIR": str(folder), **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPROFILEIMPORTTIME": "1"}
-    seen, done = {}, threading.Event()
-    watcher = threading.Thread(target=watch, args=(seen, done), daemon=True)
-    watcher.start()
-    output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")], env)
-    done.set()
-    watcher.join()
+    output, seen = watched_run(command, folder, env)
     texts = {title_of(["python", *command]): output}  # the driver's, under its script's name as /proc shows it
     logs = Path(env["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"  # a running cluster's, or this run's Ray
     for log in logs.glob("worker-*.err"):
