@@ -26,6 +26,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_ac
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
 from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
+from common.flags import make_parser  # noqa: E402
 from common.model import TRANSFORMER_BLOCK, build_model  # noqa: E402
 from common.training import make_optimizer  # noqa: E402
 
@@ -59,7 +60,8 @@ def build(checkpointed: bool, args):
     model = build_model(args.model)
     if checkpointed:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, TRANSFORMER_BLOCK))
-    optimizer = make_optimizer(model, argparse.Namespace(lr=1e-3, weight_decay=0.05), torch.device("cpu"))
+    recipe = make_parser(__doc__, "activations").parse_args([])  # the steps' --lr and --weight-decay, as they default
+    optimizer = make_optimizer(model, recipe, torch.device("cpu"))
     images, labels = torch.randn(args.images, 3, 32, 32), torch.randint(0, 10, (args.images,))
     return model, optimizer, images, labels
 
