@@ -773,6 +773,14 @@ def ray_start_table(results: dict) -> list:
             f"{measured_on(results)}."]
 
 
+RAY_FRESH, RAY_WARM = "Ray, fresh", "Ray, running cluster (2nd run)"  # ray_start.py's runs that the documents quote
+
+
+def first_steps(results: dict) -> dict:
+    """ray_start.py's runs by name: the launch to first step of each."""
+    return {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
+
+
 RAY_START_STAGES = [  # (what runs, whose it is): each stage ends where the next begins, the last at the first step
     ("the driver imports the step's modules (Ray Train, torch, torchvision)", "the step"),
     ("Ray starts (a fresh run: GCS, raylet, dashboard, agents), then the controller's process", "Ray"),
@@ -796,7 +804,7 @@ def ray_start_stage_ends(run: dict) -> list:
 def ray_start_timeline(results: dict) -> list:
     """Step 02's start, stage by stage, fresh and on a running cluster: each second named, and whose it is."""
     runs = {r["name"]: r for r in results["runs"]}
-    names = ["Ray, fresh", "Ray, running cluster (2nd run)"]
+    names = [RAY_FRESH, RAY_WARM]
     ends = {name: ray_start_stage_ends(runs[name]) for name in names}
     rows = [[stage, whose, *(f"{ends[n][i] - (ends[n][i - 1] if i else 0):.1f}" for n in names)]
             for i, (stage, whose) in enumerate(RAY_START_STAGES)]
@@ -832,17 +840,17 @@ def ray_start_processes(results: dict, run_name: str) -> list:
 def ray_start_summary(results: dict) -> str:
     """The comparison's last words: the launch to first step of each run of ray_start.py, and where to read it
     process by process."""
-    runs = {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
+    runs = first_steps(results)
     return (f"Launch to first step, `tiny`, in one run of benchmarks/ray_start.py: torchrun {runs['torchrun']:.1f} s, "
-            f"Ray {runs['Ray, fresh']:.1f} s starting its own Ray (as the steps do), "
-            f"{runs['Ray, running cluster (2nd run)']:.1f} s on a running cluster; each second, process by process: "
+            f"Ray {runs[RAY_FRESH]:.1f} s starting its own Ray (as the steps do), "
+            f"{runs[RAY_WARM]:.1f} s on a running cluster; each second, process by process: "
             f"[Ray's start](benchmarks/README.md#rays-start-process-by-process). Measured on {measured_on(results)}.")
 
 
 def ray_start_slide(results: dict) -> list:
     """Why Ray starts slowly, as a bullet: fresh and on a running cluster, against torchrun (ray_start.py)."""
-    runs = {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
-    return [f"- Slow start: first step at {runs['Ray, fresh']:.1f} s, {runs['Ray, running cluster (2nd run)']:.1f} s "
+    runs = first_steps(results)
+    return [f"- Slow start: first step at {runs[RAY_FRESH]:.1f} s, {runs[RAY_WARM]:.1f} s "
             f"on a running cluster (torchrun {runs['torchrun']:.1f} s): Ray Train's processes, per run", "",
             f"{slide_measured_on(results)}: `tiny`"]
 
@@ -874,8 +882,8 @@ TABLES = {
     "activations-slide": (ACTIVATIONS, activations_slide),
     "ray-start": (RAY_START, ray_start_table),
     "ray-start-timeline": (RAY_START, ray_start_timeline),
-    "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, "Ray, fresh")),
-    "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, "Ray, running cluster (2nd run)")),
+    "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, RAY_FRESH)),
+    "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, RAY_WARM)),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},
