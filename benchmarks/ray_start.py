@@ -247,7 +247,8 @@ class running_cluster:
         os.environ.update(HOME=str(self.home), RAY_AUTH_MODE="token", RAY_TMPDIR=str(self.tmp))  # its drivers' too
         address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + 60
-        while subprocess.run(["ray", "status", f"--address={address}"], env=env, capture_output=True).returncode:
+        while subprocess.run(["ray", "status", f"--address={address}"], env=env, capture_output=True,
+                             timeout=60).returncode:
             if time.monotonic() > deadline or self.head.poll() is not None:
                 raise SystemExit(f"error: ray start --head did not answer at {address} within 60 s")
             time.sleep(1)
