@@ -145,13 +145,16 @@ def boot(namespace: str, root: Path, prelude: str) -> int:
                              "--fork", "--kill-child", "--mount-proc", "bash", "-c",
                              f"{prelude}\nexec {shlex.quote(sys.executable)} -c {shlex.quote(INIT)}"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Up once the shell that ran the prelude has become INIT: its arguments exactly, not INIT's text found in them
+    # (the shell's own `bash -c` holds it too, while its mounts are still to come).
+    argv = [os.fsencode(sys.executable), b"-c", INIT.encode()]
     deadline = time.monotonic() + UP_S
     while True:
         assert init.poll() is None, f"host {root.name} did not boot: {init.stderr.read().strip()}"
         assert time.monotonic() < deadline, f"host {root.name} not up within {UP_S} s"
         with contextlib.suppress(OSError, ValueError):
             [first] = Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split()
-            if INIT.encode() in Path(f"/proc/{first}/cmdline").read_bytes():
+            if Path(f"/proc/{first}/cmdline").read_bytes().split(b"\0")[:3] == argv:
                 return int(first)
         time.sleep(0.05)
 

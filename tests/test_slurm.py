@@ -97,7 +97,8 @@ def slurm_cluster(folder: Path, lane):
                      f"timeout {DAEMON_START_S} bash -c 'until [ -S {MUNGE} ]; do sleep 0.1; done'\nexec {daemon}"
             lane.start(host.command(script), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         assert within(DAEMON_START_S, lambda: sinfo(cluster) == f"idle {len(NODES)}"), \
-            f"sinfo shows {sinfo(cluster)!r}, not {len(NODES)} idle nodes, {DAEMON_START_S} s after slurmd started"
+            f"sinfo shows {sinfo(cluster)!r}, not {len(NODES)} idle nodes, {DAEMON_START_S} s after slurmd " \
+            f"started{log_tails(slurm)}"
         try:
             yield cluster
         finally:
@@ -107,6 +108,12 @@ def slurm_cluster(folder: Path, lane):
             left = {node: on(cluster, "ps --ppid 1 --no-headers -o args | grep -v '^munged' || true", node).stdout
                     for node in NODES}
     assert not any(left.values()), f"processes of the jobs left running: {left}"
+
+
+def log_tails(slurm: Path, lines: int = 15) -> str:
+    """The last lines of each daemon's log: why a node did not come up."""
+    return "".join(f"\n--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                   for log in sorted((slurm / "log").glob("*.log")))
 
 
 def on(cluster: dict, command: str, host: str = CONTROLLER, timeout: float = 30) -> subprocess.CompletedProcess:
