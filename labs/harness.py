@@ -281,8 +281,8 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {RENDEZVOUS_PORTS}: free one, or wait for the runs that hold them")
 
 
-def start_ray(address: str, watched: dict | None = None, **environment: str) -> None:
-    """Ray for a lab's check: started on this machine with 2 CPUs (2 workers), or the cluster at address. Its
+def start_ray(address: str, watched: dict | None = None, cpus: int = 2, **environment: str) -> None:
+    """Ray for a lab's check: started on this machine with these CPUs (2: 2 workers), or the cluster at address. Its
     controller polls the workers every 0.2 s (each report waits for a poll), a report that a rank never joins fails
     after COLLECTIVE_TIMEOUT_S, and every process of the job imports labs/ from this repository (then what this
     process's PYTHONPATH holds) and runs labs.watch.setup_worker first (watched: labs.watch.environment's
@@ -293,7 +293,7 @@ def start_ray(address: str, watched: dict | None = None, **environment: str) -> 
 
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
                       **environment)
-    cpus = dict(num_cpus=2, include_dashboard=False) if address == "local" else {}
+    cpus = dict(num_cpus=cpus, include_dashboard=False) if address == "local" else {}
     python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": python_path, **(watched or {})}
     ray.init(address=address, **cpus, **init_options(address),

@@ -38,7 +38,10 @@ def run(lab_file, address) -> list:
         return [space if check == SEARCHED else Outcome(check, not_run, "") for check in CHECKS]
     # A trial that reports nothing to Tune ends as done, not as an error: the check then says what Tune saw.
     with tempfile.TemporaryDirectory() as storage, recording_decisions() as decisions:
-        start_ray(address, watch.environment(storage, ["load_data", "evaluate"]),
+        # A CPU for each trial: a trial that Tune stops while its run is still on keeps its worker's CPU
+        # reserved till the sweep ends (Ray 2.60 without the dashboard: 05-ray-tune/README.md, "What Ray does not
+        # do for you"), and the last trial must still find one, whichever trials ASHA stopped, and when.
+        start_ray(address, watch.environment(storage, ["load_data", "evaluate"]), cpus=TRIALS,
                   TUNE_DISABLE_STRICT_METRIC_CHECKING="1")
         args.checkpoint_dir = storage
         try:
