@@ -293,10 +293,10 @@ def start_ray(address: str, watched: dict | None = None, cpus: int = 2, **enviro
 
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
                       **environment)
-    cpus = dict(num_cpus=cpus, include_dashboard=False) if address == "local" else {}
+    started_here = dict(num_cpus=cpus, include_dashboard=False) if address == "local" else {}
     python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": python_path, **(watched or {})}
-    ray.init(address=address, **cpus, **init_options(address),
+    ray.init(address=address, **started_here, **init_options(address),
              runtime_env={**WORKER_SETUP, "env_vars": env_vars, "worker_process_setup_hook": "labs.watch.setup_worker"})
 
 
