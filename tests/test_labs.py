@@ -154,7 +154,7 @@ def early_lab_checks(folder, lane) -> dict:
             files[lab, answer.name].parent.mkdir()
             files[lab, answer.name].write_text(
                 wrong_answer(lab, answer) if isinstance(answer, WrongAnswer) else edited(lab, answer.edits))
-            if getattr(answer, "on_its_own_ray", False):
+            if isinstance(answer, RightAnswer) and answer.on_its_own_ray:
                 own_ray.add((lab, answer.name))
     cluster = two_node_cluster()
     checks = check_server(EARLY_LABS, folder)
