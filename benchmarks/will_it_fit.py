@@ -47,12 +47,12 @@ def load_step04(name: str):
     return module
 
 
-def wrap(model, strategy: str, flags, sent: Counter):
-    """The model as steps 02, 03 and 04 wrap it on CPU (prepare_model's DDP, step 03's FSDP1, step 04's FSDP2)."""
+def wrap(model, strategy: str, flags, sent: Counter, device=torch.device("cpu")):
+    """The model as steps 02, 03 and 04 wrap it (prepare_model's DDP, step 03's FSDP1, step 04's FSDP2)."""
     if strategy == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
         def counted_allreduce(state, bucket):
             sent["all_reduce", "count"] += 1
@@ -64,10 +64,10 @@ def wrap(model, strategy: str, flags, sent: Counter):
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        return FullyShardedDataParallel(model, device_id=torch.device("cpu"),
+        return FullyShardedDataParallel(model, device_id=device,
                                         auto_wrap_policy=ModuleWrapPolicy({TRANSFORMER_BLOCK}),
                                         use_orig_params=True)
-    load_step04("train_ray_fsdp2").shard_model(model, flags, torch.device("cpu"))
+    load_step04("train_ray_fsdp2").shard_model(model, flags, device)
     return model
 
 
