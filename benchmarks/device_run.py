@@ -1,7 +1,7 @@
 """One prepared run for a GPU machine (1 GPU, 16 CPU cores), to start the moment one is lent: every step on the GPU,
 then torchrun DDP against Ray DDP on the CPUs with 1 to 8 processes.
 
-    python benchmarks/device_run.py --out benchmarks/published/gpu-nvidia-h100-x1   # on the GPU machine
+    python benchmarks/device_run.py --out benchmarks/published/gpu-nvidia-h200-x1   # on the GPU machine
     python benchmarks/device_run.py --dry-run                                       # anywhere, on CPU (CI runs it)
 
 What runs, with its limits and sizes: benchmarks/README.md, section "GPU and 16 cores". Every planned command goes
