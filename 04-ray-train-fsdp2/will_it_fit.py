@@ -12,9 +12,10 @@ Parameters, gradients and AdamW's state are counted from the shapes as each stra
 (FSDP2 splits every parameter on dim 0, padded to a multiple of the ranks; FSDP1 one flat vector per
 unit, padded too). Activations are measured: one forward pass of fake tensors, adding up the bytes
 of the tensors autograd saves for backward. How close this comes to real runs, and what "peak"
-means: benchmarks/published/will-it-fit/results.md. The flags that change memory are step 04's
-(FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the steps run on CPUs (on GPUs they
-autocast to bf16, whose activations are about the FSDP2 (bf16) row's).
+means: benchmarks/published/will-it-fit/results.md; on a GPU: .../gpu-memory-nvidia-h200/. The
+flags that change memory are step 04's (FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the
+steps run on CPUs. On GPUs the steps autocast to bf16, which this does not count yet: measured on an
+H200, autocast adds 20% to giant's DDP peak and takes 12% off small's.
 """
 
 import argparse
@@ -26,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/, run from anywhere
 from common.errors import fail  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.flags import Parser, add_fsdp2_flags  # noqa: E402
 from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model  # noqa: E402
+from common.torch_internals import FakeTensorMode, storage_key  # noqa: E402
+from common.training import make_optimizer  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
 ADAMW_STEP_BYTES = (
@@ -41,6 +43,14 @@ FSDP1_ALIGNMENT_BYTES = (
     16  # FSDP1 (use_orig_params, as step 03) starts every parameter of a flat vector 16-aligned
 )
 DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (bucket_cap_mb)
+# What a GPU process keeps beside the tensors, measured on an H200 (CUDA 13, torch 2.11):
+# benchmarks/published/gpu-memory-nvidia-h200. The process's own device memory outside torch's
+# allocator: CUDA's context (619 MiB), NCCL's communicator (558 MiB for one rank) and cuBLAS' and
+# cuDNN's (148 MiB), 1,326.8 MiB at most; then what the caching allocator reserves beyond the live
+# tensors at the peak, the worst share of the runs that peak above 1 GiB (giant's DDP in fp32:
+# 23,318 / 19,748.3 MiB, 18.1%). Both rounded up.
+CUDA_KEEPS_BYTES = 1327 * 2**20
+ALLOCATOR_RESERVE = 0.19
 UNITS = {
     "B": 1,
     "KB": 1e3,
@@ -76,7 +86,7 @@ def main():
     print(memory_table(estimates, args))
     print(communication_table(estimates, args))
     if args.memory_per_device:
-        print(verdict(estimates, args.memory_per_device))
+        print(verdict(estimates, args))
 
 
 def parse_args(argv=None):
@@ -99,19 +109,33 @@ def parse_args(argv=None):
     )
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"])
-    p.add_argument(
-        "--mixed-precision", action="store_true", help="FSDP2: bf16 compute and all-gathers"
-    )
-    p.add_argument("--cpu-offload", action="store_true", help="FSDP2: sharded state in host memory")
+    add_fsdp2_flags(p)  # step 04's own flags, with its help and defaults
     p.add_argument("--grad-accum-steps", type=int, default=1)
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="as the steps run there: on cuda fused AdamW, pinned offload, CUDA's own memory",
+    )
+    p.add_argument(
+        "--adamw",
+        choices=("fused", "foreach", "single-tensor"),
+        help="AdamW's implementation (default: the steps', fused on cuda, single-tensor on cpu)",
+    )
     p.add_argument(
         "--batch-size", type=int, default=128, help="global batch size, as the steps take it"
     )
     p.add_argument(
         "--memory-per-device", type=memory_size, help="e.g. 80GiB, 24GB: which strategies fit"
     )
+    p.add_argument(
+        "--headroom",
+        type=memory_size,
+        help="device memory the verdict keeps free (default: CUDA's share and the allocator's)",
+    )
     args = p.parse_args(argv)
     check(args)
+    args.adamw = args.adamw or ("fused" if args.device == "cuda" else "single-tensor")
     return args
 
 
@@ -132,10 +156,11 @@ def check(args) -> None:
             f"--batch-size {args.batch_size} must split evenly into --num-workers "
             f"{args.num_workers} x --grad-accum-steps {args.grad_accum_steps} micro-batches"
         )
-    if (args.mixed_precision or args.cpu_offload) and args.strategy in ("ddp", "fsdp1"):
+    fsdp2_only = args.mixed_precision or args.cpu_offload or not args.reshard_after_forward
+    if fsdp2_only and args.strategy in ("ddp", "fsdp1"):
         raise fail(
-            "--mixed-precision and --cpu-offload are step 04's (FSDP2) flags; "
-            "pass --strategy fsdp2 or all"
+            "--mixed-precision, --cpu-offload and --no-reshard-after-forward are step 04's "
+            "(FSDP2) flags; pass --strategy fsdp2 or all"
         )
 
 
@@ -181,13 +206,12 @@ def activation_bytes(args) -> int:
     weights and inputs)."""
     dtype = torch.bfloat16 if args.mixed_precision else torch.float32
     model = build_fake(args, dtype)
-    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+    weights = {storage_key(p) for p in model.parameters()}
     saved = {}
 
     def keep(t):
-        storage = t.untyped_storage()
-        if storage._cdata not in weights:
-            saved[storage._cdata] = storage.nbytes()
+        if storage_key(t) not in weights:
+            saved[storage_key(t)] = t.untyped_storage().nbytes()
         return t
 
     fake_mode = next(model.parameters()).fake_mode
@@ -280,13 +304,13 @@ def collectives(model, strategy: str, args) -> dict:
     else:
         gathered = [fsdp1_layout(unit, n)[1] for unit in all_units]
     gather_bytes = 2 if strategy == "fsdp2" and args.mixed_precision else 4
-    # forward gathers every unit; backward the blocks again (the root stays gathered:
-    # reshard_after_forward=False)
-    blocks = len(all_units) - 1
+    # forward gathers every unit; backward the blocks again (the root stays gathered after
+    # forward, as every block does under --no-reshard-after-forward)
+    again = all_units[:-1] if strategy == "fsdp1" or args.reshard_after_forward else []
     return {
         "all_gather": [
-            k * (len(all_units) + blocks),
-            k * gather_bytes * (sum(gathered) + sum(gathered[:-1])),
+            k * (len(all_units) + len(again)),
+            k * gather_bytes * (sum(gathered) + sum(gathered[: len(again)])),
         ],
         "reduce_scatter": [len(all_units), 4 * sum(gathered)],
     }
@@ -313,13 +337,34 @@ def ring_sent(calls: dict, n: int) -> float:
     return sum(factor[name] * nbytes for name, (_, nbytes) in calls.items())
 
 
+def adamw_temporary(model, strategy: str, args, rank: int) -> int:
+    """What AdamW's step allocates beside its state (torch 2.14), over the steps' two groups: fused,
+    nothing; foreach, a copy of its largest group (the square roots of the second moments, at once);
+    single-tensor, one parameter at a time: its square root and the denominator made of it, beside
+    the previous parameter's denominator, which lives until the next one replaces it."""
+    if args.adamw == "fused":
+        return 0
+    numels = local_numels(model, strategy, args.num_workers, rank, args.block)
+    local = dict(zip(map(id, model.parameters()), numels, strict=True))
+    steps = argparse.Namespace(weight_decay=0.05, lr=1e-3)  # their values change no group
+    optimizer = make_optimizer(model, steps, torch.device("cpu"))
+    groups = [[local[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    if args.adamw == "foreach":
+        return 4 * max(sum(g) for g in groups)
+    pairs = [zip([0, *g], g, strict=False) for g in groups]  # (the one before, each parameter)
+    return 4 * max(previous + 2 * k for pair in pairs for previous, k in pair)
+
+
 def estimate(model, strategy: str, args, activations: int, rank: int = 0) -> Estimate:
     n = args.num_workers
     params, grads, optimizer = state_bytes(model, strategy, n, rank, args.block)
     calls = collectives(model, strategy, args)
     fsdp2 = strategy == "fsdp2"
     acts = activations if fsdp2 or not args.mixed_precision else activation_bytes(fp32(args))
-    peak, host = peak_bytes(model, strategy, args, params, grads, optimizer, acts)
+    step = grads + adamw_temporary(model, strategy, args, rank)
+    peak = peak_bytes(model, strategy, args, params, step, optimizer, acts)
+    host = host_bytes(model, strategy, args, rank, step - grads + optimizer) if offloaded(
+        strategy, args) else 0
     return Estimate(
         strategy, params, grads, optimizer, acts, peak, host, calls, ring_sent(calls, n)
     )
@@ -330,37 +375,58 @@ def fp32(args):
 
 
 def peak_bytes(
-    model, strategy: str, args, params: int, grads: int, optimizer: int, activations: int
+    model, strategy: str, args, params: int, step: int, optimizer: int, activations: int
 ) -> tuple:
-    """(device, host) at the peak. The step's forward and backward hold the weights, AdamW's state
+    """On the device at the peak. The step's forward and backward hold the weights, AdamW's state
     (from the second step on) and the activations, plus what the strategy adds: DDP a bucket copy of
     every gradient, FSDP the gathered weights of the unit that runs and of the next one, prefetched
     (and the root's, kept gathered). The optimizer step holds the gradients and AdamW's temporary
-    (one more copy of the decayed weights' size). Under --grad-accum-steps, the micro-batches after
-    the first run beside the gradients summed so far, whole (FSDP reduce-scatters them in the last
-    one only)."""
+    (step). Under --grad-accum-steps, the micro-batches after the first run beside the gradients
+    summed so far, whole (FSDP reduce-scatters them in the last one only)."""
     n, total = args.num_workers, 4 * sum(p.numel() for p in model.parameters())
     accumulated = total if args.grad_accum_steps > 1 else 0
     if strategy == "ddp":
-        return params + total + optimizer + max(activations + accumulated, 2 * grads), 0
+        return params + total + optimizer + max(activations + accumulated, step)
     sizes = [4 * sum(fsdp2_padded_numel(p, n) for p in unit) for unit in units(model, args.block)]
     weight_bytes = 2 if strategy == "fsdp2" and args.mixed_precision else 4
-    gathered = (2 * max(sizes[:-1]) + sizes[-1]) * weight_bytes // 4
-    if strategy == "fsdp2" and args.cpu_offload:
-        return activations + gathered + max(sizes[:-1]) + accumulated, params + grads + optimizer
-    return params + optimizer + max(activations + gathered + accumulated, 2 * grads), 0
+    resharded = strategy == "fsdp1" or args.reshard_after_forward  # else every block stays gathered
+    blocks = 2 * max(sizes[:-1]) if resharded else sum(sizes[:-1])
+    gathered = (blocks + sizes[-1]) * weight_bytes // 4
+    if offloaded(strategy, args):
+        return activations + gathered + max(sizes[:-1]) + accumulated
+    return params + optimizer + max(activations + gathered + accumulated, step)
+
+
+def offloaded(strategy: str, args) -> bool:
+    return strategy == "fsdp2" and args.cpu_offload
+
+
+def host_bytes(model, strategy: str, args, rank: int, optimizer_step: int) -> int:
+    """Under --cpu-offload, host memory of one rank: the shards and their gradients, and AdamW's
+    state and step. On CUDA the shards and gradients are pinned, and torch's host allocator rounds
+    each one up to a power of two."""
+    shards = [4 * k for k in local_numels(model, strategy, args.num_workers, rank, args.block)]
+    if args.device == "cuda":
+        shards = [1 << (b - 1).bit_length() if b else 0 for b in shards]
+    return 2 * sum(shards) + optimizer_step
 
 
 def describe(model, args) -> str:
     count = sum(p.numel() for p in model.parameters())
     flags = [
-        f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload)) if on
+        f
+        for f, on in (
+            ("bf16", args.mixed_precision),
+            ("cpu offload", args.cpu_offload),
+            ("no reshard after forward", not args.reshard_after_forward),
+        )
+        if on
     ]
     precision = "FSDP2: " + ", ".join(flags) if flags else "fp32"
     return (
         f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x "
         f"{micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
-        f"{precision}"
+        f"{precision} | {args.adamw} AdamW"
     )
 
 
@@ -371,7 +437,7 @@ def mib(nbytes: float) -> str:
 def memory_table(estimates: list, args) -> str:
     lines = [
         "memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | "
-        "gradients | optimizer state | activations | peak | in host memory",
+        "gradients | optimizer state | activations | peak | host memory (x ranks a node)",
         "--- | ---: | ---: | ---: | ---: | ---: | ---:",
     ]
     for e in estimates:
@@ -387,6 +453,7 @@ def label(e: Estimate, args) -> str:
         e.strategy.upper()
         + (" (bf16)" if e.strategy == "fsdp2" and args.mixed_precision else "")
         + (" (offload)" if e.strategy == "fsdp2" and args.cpu_offload else "")
+        + (" (no reshard)" if e.strategy == "fsdp2" and not args.reshard_after_forward else "")
     )
 
 
@@ -403,19 +470,37 @@ def communication_table(estimates: list, args) -> str:
     return "\n".join(lines)
 
 
-def verdict(estimates: list, memory: int) -> str:
-    fits = [e for e in estimates if e.peak <= memory]
+def verdict(estimates: list, args) -> str:
+    """Which strategies fit --memory-per-device, each beside what a GPU process keeps for itself."""
+    memory, headroom = args.memory_per_device, args.headroom
+    if headroom is not None:
+        kept = f"keeping {mib(headroom)} MiB (--headroom)"
+    elif args.device == "cpu":
+        headroom, kept = 0, "keeping nothing beside (--device cpu: no CUDA)"
+    else:
+        kept = (
+            f"keeping {mib(CUDA_KEEPS_BYTES)} MiB for CUDA, NCCL and cuBLAS and "
+            f"{ALLOCATOR_RESERVE:.0%} of each peak for torch's allocator (measured on an H200; "
+            "--headroom to change)"
+        )
+    fits = [e for e in estimates if needs(e, headroom) <= memory]
     names = ", ".join(e.strategy.upper() for e in fits) or "none"
     if not fits:
         return (
-            f"on {mib(memory)} MiB per device: none fits; add workers, --mixed-precision, "
-            "--cpu-offload or --grad-accum-steps (smaller micro-batches)"
+            f"on {mib(memory)} MiB per device, {kept}: none fits; add workers, "
+            "--mixed-precision, --cpu-offload or --grad-accum-steps (smaller micro-batches)"
         )
     cheapest = min(fits, key=lambda e: (e.sent, e.peak))
     return (
-        f"on {mib(memory)} MiB per device: fits {names}; "
+        f"on {mib(memory)} MiB per device, {kept}: fits {names}; "
         f"cheapest (fewest bytes sent): {cheapest.strategy.upper()}"
     )
+
+
+def needs(e: Estimate, headroom: int | None) -> float:
+    if headroom is None:
+        return e.peak * (1 + ALLOCATOR_RESERVE) + CUDA_KEEPS_BYTES
+    return e.peak + headroom
 
 
 if __name__ == "__main__":

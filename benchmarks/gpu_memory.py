@@ -3,6 +3,7 @@
 
     python benchmarks/gpu_memory.py --out benchmarks/published/gpu-memory-nvidia-h200   # on a GPU machine
     python benchmarks/gpu_memory.py --dry-run                                          # anywhere: tiny, on CPU
+    python benchmarks/gpu_memory.py --render benchmarks/published/gpu-memory-nvidia-h200  # its table, anywhere
 
 Per run: torch's allocator peaks (max_memory_allocated: live tensors; max_memory_reserved: what the caching
 allocator took from the driver), each phase's peak (forward and backward; the optimizer step), the device memory the
@@ -13,7 +14,6 @@ allocator, the context), not the sharding, which benchmarks/will_it_fit.py check
 """
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -52,11 +52,16 @@ DRY_RUN = [("tiny", 16, ["ddp", "fsdp2"])]
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu-memory"))
+    p.add_argument("--presets", nargs="+", help="only the planned runs of these presets")
     p.add_argument("--dry-run", action="store_true", help="on CPU: tiny, two runs, the same files")
+    p.add_argument("--render", metavar="DIR", help="DIR/results.md from DIR/results.json, today's prediction beside")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a run's config, as JSON, in its own process
     args = p.parse_args()
     if args.one:
         print(json.dumps(measure(json.loads(args.one))), flush=True)
+        return
+    if args.render:
+        render(Path(args.render))
         return
     if not args.dry_run and not torch.cuda.is_available():
         p.error("this machine has no GPU; run with --dry-run here, or without it on a GPU machine")
@@ -67,17 +72,20 @@ def main():
                    cuda=torch.version.cuda, rows=[])
     fit = load_step04("will_it_fit")
     for model, micro_batch, names in DRY_RUN if args.dry_run else PLAN:
+        if args.presets and model not in args.presets:
+            continue
         for name in names:
             config = dict(model=model, name=name, micro_batch=micro_batch,
                           **dict(zip(("strategy", "mixed_precision", "cpu_offload", "autocast", "adamw"),
-                                     CONFIGS[name])))
+                                     CONFIGS[name], strict=True)))
             started = time.perf_counter()
             row = dict(config, predicted=predicted(config, fit), measured=measured_in_a_fresh_process(config))
             results["rows"].append(row)
-            print(f"{model} x{micro_batch} {name}: {time.perf_counter() - started:.0f} s {row['measured'].get('error', '')}",
-                  flush=True)
+            print(f"{model} x{micro_batch} {name}: {time.perf_counter() - started:.0f} s "
+                  f"{row['measured'].get('error', '')}", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))  # after each: a machine taken back
-    print(f"results: {out / 'results.json'}")
+    render(out)
+    print(f"table: {out / 'results.md'}")
 
 
 def measured_in_a_fresh_process(config: dict) -> dict:
@@ -175,13 +183,54 @@ def local_bytes(tensors) -> int:
 
 def predicted(config: dict, fit) -> dict:
     args = fit.parse_args(["--model", config["model"], "--num-workers", "1", "--strategy", config["strategy"],
-                           "--batch-size", str(config["micro_batch"])]
+                           "--batch-size", str(config["micro_batch"]),
+                           "--adamw", (config["adamw"] or "fused").replace("_", "-")]
                           + ["--mixed-precision"] * config["mixed_precision"]
                           + ["--cpu-offload"] * config["cpu_offload"])
     model = fit.build_fake(args)
     e = fit.estimate(model, config["strategy"], args, fit.activation_bytes(args))
     return dict(params=e.params, grads=e.grads, optimizer=e.optimizer, activations=e.activations, peak=e.peak,
                 host=e.host)
+
+
+def render(folder: Path) -> None:
+    """The measured peaks beside what will_it_fit.py predicts today (fake tensors, on this machine's CPU)."""
+    results, fit = json.loads((folder / "results.json").read_text()), load_step04("will_it_fit")
+    made = results.get("runs", [results])
+    lines = ["# What one GPU holds, measured, against will_it_fit.py (one rank, 2 optimizer steps)", "",
+             results["machine"], "", *[f"- `{m['command']}` ({m['date']}, code: {m['commit']})" for m in made], "",
+             "MiB. peak: torch.cuda.max_memory_allocated over the second step (live tensors), then per phase; "
+             "reserved: what torch's caching allocator held at most; predicted: `will_it_fit.py` of today, for one "
+             "rank at that micro-batch (its rows are fp32; the steps autocast on CUDA, as here but in "
+             "`ddp_no_autocast`).", "",
+             "model | images per rank | run | predicted | peak | off | forward and backward | optimizer step | "
+             "reserved | pinned host", "--- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---:"]
+    for row in results["rows"]:
+        m = row["measured"]
+        if "error" in m:
+            lines.append(f"{row['model']} | {row['micro_batch']} | {row['name']} | | failed: {m['error']} | | | | |")
+            continue
+        pred = predicted(row, fit)["peak"]  # on CUDA, the steps' own AdamW (adamw None) is the fused one
+        pinned = (m.get("pinned") or {}).get("allocated_peak") or 0
+        lines.append(f"{row['model']} | {row['micro_batch']} | {row['name']} | {mib(pred)} | {mib(m['peak'])} | "
+                     f"{pred / m['peak'] - 1 if m['peak'] else 0:+.0%} | "  # 0: the dry run's, on CPU
+                     f"{mib(m['phases']['forward_backward']['allocated'])} | "
+                     f"{mib(m['phases']['optimizer_step']['allocated'])} | {mib(m['reserved'])} | "
+                     f"{mib(pinned) if row['cpu_offload'] else ''}")
+    used = [m["used_beside_allocator"] for m in (r["measured"] for r in results["rows"]) if "error" not in m]
+    lines += ["", "Device memory the process used beside torch's allocator (total - free - reserved), MiB, fewest "
+              "to most over the runs:", ""]
+    for moment, said in (("context", "after CUDA's start"), ("after_first_collective", "after NCCL's first "
+                                                                                        "collective (one rank)"),
+                         ("at_end", "at the end (cuBLAS' and cuDNN's too)")):
+        values = [u[moment] for u in used if moment in u]
+        if values:
+            lines.append(f"- {said}: {mib(min(values))} to {mib(max(values))}")
+    (folder / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f}"
 
 
 if __name__ == "__main__":

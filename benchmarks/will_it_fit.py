@@ -47,7 +47,10 @@ def load_step04(name: str):
     return module
 
 
-def wrap(model, strategy: str, flags, sent: Counter, device=torch.device("cpu")):
+CPU = torch.device("cpu")
+
+
+def wrap(model, strategy: str, flags, sent: Counter, device=CPU):
     """The model as steps 02, 03 and 04 wrap it (prepare_model's DDP, step 03's FSDP1, step 04's FSDP2)."""
     if strategy == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -108,7 +111,7 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=timedelta(seconds=TIMEOUT_S))
     flags = SimpleNamespace(mixed_precision=config["mixed_precision"], cpu_offload=config["cpu_offload"],
-                            reshard_after_forward=True, weight_decay=0.05, lr=1e-3)
+                            reshard_after_forward=config.get("reshard_after_forward", True), weight_decay=0.05, lr=1e-3)
     sent, counting = Counter(), Counter()
     torch.manual_seed(0)
     model = wrap(build_model(config["model"]), config["strategy"], flags, counting)
@@ -163,8 +166,10 @@ def measured(config: dict) -> dict:
 def predicted(config: dict, fit) -> list:
     args = fit.parse_args(["--model", config["model"], "--num-workers", str(WORLD_SIZE), "--strategy",
                            config["strategy"], "--batch-size", str(config["batch_size"]), "--grad-accum-steps",
-                           str(config["grad_accum_steps"])] + ["--mixed-precision"] * config["mixed_precision"]
-                          + ["--cpu-offload"] * config["cpu_offload"])
+                           str(config["grad_accum_steps"]), "--device", "cpu"]
+                          + ["--mixed-precision"] * config["mixed_precision"]
+                          + ["--cpu-offload"] * config["cpu_offload"]
+                          + ["--no-reshard-after-forward"] * (not config.get("reshard_after_forward", True)))
     model = fit.build_fake(args)
     activations = fit.activation_bytes(args)
     rows = []
@@ -205,6 +210,7 @@ def main():
                     grad_accum_steps=1) for m in args.models for name, s, mp_, off in CONFIGS]
     configs.append(dict(configs[0], name="ddp_accum2", grad_accum_steps=2))
     configs.append(dict(configs[2], name="fsdp2_accum2", grad_accum_steps=2))
+    configs.append(dict(configs[2], name="fsdp2_no_reshard", reshard_after_forward=False))
     for config in configs:
         started = time.perf_counter()
         rows.append(dict(config, predicted=predicted(config, fit), measured=measured(config)))
