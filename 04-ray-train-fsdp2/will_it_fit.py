@@ -1,4 +1,4 @@
-"""Will it fit? Memory per rank and communication per optimizer step of DDP, FSDP1 and FSDP2, from
+r"""Will it fit? Memory per rank and communication per optimizer step of DDP, FSDP1 and FSDP2, from
 the model's shapes alone: the model is built of fake tensors (torch's FakeTensorMode: shapes and
 dtypes, no data), and nothing it would hold is allocated.
 
@@ -36,12 +36,8 @@ from common.torch_internals import FakeTensorMode, storage_key  # noqa: E402
 from common.training import make_optimizer  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
-ADAMW_STEP_BYTES = (
-    4  # AdamW keeps a float32 step count per parameter tensor, beside its two moments
-)
-FSDP1_ALIGNMENT_BYTES = (
-    16  # FSDP1 (use_orig_params, as step 03) starts every parameter of a flat vector 16-aligned
-)
+ADAMW_STEP_BYTES = 4  # AdamW keeps a float32 step count per parameter tensor, beside its moments
+FSDP1_ALIGNMENT_BYTES = 16  # FSDP1 (use_orig_params, as step 03) aligns each parameter to 16 B
 DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (bucket_cap_mb)
 # What a GPU process keeps beside the tensors, measured on an H200 (CUDA 13, torch 2.11):
 # benchmarks/published/gpu-memory-nvidia-h200. The process's own device memory outside torch's
@@ -51,17 +47,8 @@ DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (
 # 23,318 / 19,748.3 MiB, 18.1%). Both rounded up.
 CUDA_KEEPS_BYTES = 1327 * 2**20
 ALLOCATOR_RESERVE = 0.19
-UNITS = {
-    "B": 1,
-    "KB": 1e3,
-    "MB": 1e6,
-    "GB": 1e9,
-    "TB": 1e12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 @dataclass
@@ -91,48 +78,23 @@ def main():
 
 def parse_args(argv=None):
     p = Parser(__doc__, check=lambda parser, args: None)  # argparse, its errors on one line
-    p.add_argument(
-        "--model", default=DEFAULT_PRESET, choices=PRESETS, help="a preset of common/model.py"
-    )
-    p.add_argument(
-        "--module", help="any model instead: pkg.module:factory, called with no arguments"
-    )
-    p.add_argument(
-        "--input-shape",
-        default="3,32,32",
-        help="one example's shape, for --module (default: CIFAR)",
-    )
-    p.add_argument(
-        "--block",
-        default=TRANSFORMER_BLOCK.__name__,
-        help="class name of FSDP's units (default: the transformer block, as steps 03-04 shard)",
-    )
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS, help="common/model.py's")
+    p.add_argument("--module", help="any model instead: pkg.module:factory, called with nothing")
+    p.add_argument("--input-shape", default="3,32,32", help="an example's shape, for --module")
+    p.add_argument("--block", default=TRANSFORMER_BLOCK.__name__,
+                   help="class name of FSDP's units (default: the transformer block, as 03-04)")
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"])
     add_fsdp2_flags(p)  # step 04's own flags, with its help and defaults
     p.add_argument("--grad-accum-steps", type=int, default=1)
-    p.add_argument(
-        "--device",
-        default="cuda",
-        choices=("cuda", "cpu"),
-        help="as the steps run there: on cuda fused AdamW, pinned offload, CUDA's own memory",
-    )
-    p.add_argument(
-        "--adamw",
-        choices=("fused", "foreach", "single-tensor"),
-        help="AdamW's implementation (default: the steps', fused on cuda, single-tensor on cpu)",
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=128, help="global batch size, as the steps take it"
-    )
-    p.add_argument(
-        "--memory-per-device", type=memory_size, help="e.g. 80GiB, 24GB: which strategies fit"
-    )
-    p.add_argument(
-        "--headroom",
-        type=memory_size,
-        help="device memory the verdict keeps free (default: CUDA's share and the allocator's)",
-    )
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="as the steps run there: on cuda fused AdamW, pinned offload, CUDA's own")
+    p.add_argument("--adamw", choices=("fused", "foreach", "single-tensor"),
+                   help="AdamW's kind (default: the steps', fused on cuda, else single-tensor)")
+    p.add_argument("--batch-size", type=int, default=128, help="global, as the steps take it")
+    p.add_argument("--memory-per-device", type=memory_size, help="e.g. 80GiB, 24GB: which ones fit")
+    p.add_argument("--headroom", type=memory_size,
+                   help="device memory the verdict keeps free (default: CUDA's, the allocator's)")
     args = p.parse_args(argv)
     check(args)
     args.adamw = args.adamw or ("fused" if args.device == "cuda" else "single-tensor")
@@ -152,16 +114,12 @@ def check(args) -> None:
     if args.grad_accum_steps < 1:
         raise fail(f"--grad-accum-steps {args.grad_accum_steps} must be 1 or more")
     if args.batch_size % (args.num_workers * args.grad_accum_steps):
-        raise fail(
-            f"--batch-size {args.batch_size} must split evenly into --num-workers "
-            f"{args.num_workers} x --grad-accum-steps {args.grad_accum_steps} micro-batches"
-        )
+        raise fail(f"--batch-size {args.batch_size} must split evenly into --num-workers "
+                   f"{args.num_workers} x --grad-accum-steps {args.grad_accum_steps} micro-batches")
     fsdp2_only = args.mixed_precision or args.cpu_offload or not args.reshard_after_forward
     if fsdp2_only and args.strategy in ("ddp", "fsdp1"):
-        raise fail(
-            "--mixed-precision, --cpu-offload and --no-reshard-after-forward are step 04's "
-            "(FSDP2) flags; pass --strategy fsdp2 or all"
-        )
+        raise fail("--mixed-precision, --cpu-offload and --no-reshard-after-forward are step 04's "
+                   "(FSDP2) flags; pass --strategy fsdp2 or all")
 
 
 def chosen(strategy: str) -> tuple:
@@ -220,10 +178,8 @@ def activation_bytes(args) -> int:
         try:
             model(x)
         except RuntimeError as e:
-            raise fail(
-                f"the model's forward failed on a batch of shape {tuple(x.shape)}: "
-                f"{str(e).splitlines()[0]}; check --input-shape"
-            ) from None
+            raise fail(f"the model's forward failed on a batch of shape {tuple(x.shape)}: "
+                       f"{str(e).splitlines()[0]}; check --input-shape") from None
     return sum(saved.values())
 
 
@@ -232,13 +188,10 @@ def units(model, block: str) -> list:
     left."""
     blocks = [m for m in model.modules() if type(m).__name__ == block]
     if not blocks:
-        raise fail(
-            f"the model has no {block} module to shard; pass --block with one of its module classes"
-        )
+        raise fail(f"the model has no {block} module to shard; pass --block with one of its own")
     inside = {id(p) for b in blocks for p in b.parameters()}
-    return [list(b.parameters()) for b in blocks] + [
-        [p for p in model.parameters() if id(p) not in inside]
-    ]
+    return [list(b.parameters()) for b in blocks] + [[p for p in model.parameters()
+                                                      if id(p) not in inside]]
 
 
 def fsdp2_local_numel(p, n: int, rank: int) -> int:
@@ -307,13 +260,9 @@ def collectives(model, strategy: str, args) -> dict:
     # forward gathers every unit; backward the blocks again (the root stays gathered after
     # forward, as every block does under --no-reshard-after-forward)
     again = all_units[:-1] if strategy == "fsdp1" or args.reshard_after_forward else []
-    return {
-        "all_gather": [
-            k * (len(all_units) + len(again)),
-            k * gather_bytes * (sum(gathered) + sum(gathered[: len(again)])),
-        ],
-        "reduce_scatter": [len(all_units), 4 * sum(gathered)],
-    }
+    return {"all_gather": [k * (len(all_units) + len(again)),
+                           k * gather_bytes * (sum(gathered) + sum(gathered[:len(again)]))],
+            "reduce_scatter": [len(all_units), 4 * sum(gathered)]}
 
 
 def ddp_buckets(model) -> int:
@@ -363,11 +312,10 @@ def estimate(model, strategy: str, args, activations: int, rank: int = 0) -> Est
     acts = activations if fsdp2 or not args.mixed_precision else activation_bytes(fp32(args))
     step = grads + adamw_temporary(model, strategy, args, rank)
     peak = peak_bytes(model, strategy, args, params, step, optimizer, acts)
-    host = host_bytes(model, strategy, args, rank, step - grads + optimizer) if offloaded(
-        strategy, args) else 0
-    return Estimate(
-        strategy, params, grads, optimizer, acts, peak, host, calls, ring_sent(calls, n)
-    )
+    offload = offloaded(strategy, args)
+    host = host_bytes(model, strategy, args, rank, step - grads + optimizer) if offload else 0
+    sent = ring_sent(calls, n)
+    return Estimate(strategy, params, grads, optimizer, acts, peak, host, calls, sent)
 
 
 def fp32(args):
@@ -398,7 +346,9 @@ def peak_bytes(
 
 
 def offloaded(strategy: str, args) -> bool:
-    return strategy == "fsdp2" and args.cpu_offload
+    """FSDP2's --cpu-offload moves the shards from the GPU to host memory; on --device cpu they are
+    there already, and a run holds what it would without it (measured: the same peak)."""
+    return strategy == "fsdp2" and args.cpu_offload and args.device == "cuda"
 
 
 def host_bytes(model, strategy: str, args, rank: int, optimizer_step: int) -> int:
@@ -413,21 +363,12 @@ def host_bytes(model, strategy: str, args, rank: int, optimizer_step: int) -> in
 
 def describe(model, args) -> str:
     count = sum(p.numel() for p in model.parameters())
-    flags = [
-        f
-        for f, on in (
-            ("bf16", args.mixed_precision),
-            ("cpu offload", args.cpu_offload),
-            ("no reshard after forward", not args.reshard_after_forward),
-        )
-        if on
-    ]
+    flags = [f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload),
+                             ("no reshard after forward", not args.reshard_after_forward)) if on]
     precision = "FSDP2: " + ", ".join(flags) if flags else "fp32"
-    return (
-        f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x "
-        f"{micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
-        f"{precision} | {args.adamw} AdamW"
-    )
+    return (f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x "
+            f"{micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
+            f"{precision} | {args.adamw} AdamW")
 
 
 def mib(nbytes: float) -> str:
@@ -435,37 +376,28 @@ def mib(nbytes: float) -> str:
 
 
 def memory_table(estimates: list, args) -> str:
-    lines = [
-        "memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | "
-        "gradients | optimizer state | activations | peak | host memory (x ranks a node)",
-        "--- | ---: | ---: | ---: | ---: | ---: | ---:",
-    ]
+    lines = ["memory of rank 0 (MiB; FSDP's last ranks may hold a little less) | parameters | "
+             "gradients | optimizer state | activations | peak | host memory (x ranks a node)",
+             "--- | ---: | ---: | ---: | ---: | ---: | ---:"]
     for e in estimates:
-        lines.append(
-            f"{label(e, args)} | {mib(e.params)} | {mib(e.grads)} | {mib(e.optimizer)} | "
-            f"{mib(e.activations)} | {mib(e.peak)} | {mib(e.host)}"
-        )
+        lines.append(f"{label(e, args)} | {mib(e.params)} | {mib(e.grads)} | {mib(e.optimizer)} | "
+                     f"{mib(e.activations)} | {mib(e.peak)} | {mib(e.host)}")
     return "\n".join(lines)
 
 
 def label(e: Estimate, args) -> str:
-    return (
-        e.strategy.upper()
-        + (" (bf16)" if e.strategy == "fsdp2" and args.mixed_precision else "")
-        + (" (offload)" if e.strategy == "fsdp2" and args.cpu_offload else "")
-        + (" (no reshard)" if e.strategy == "fsdp2" and not args.reshard_after_forward else "")
-    )
+    fsdp2 = e.strategy == "fsdp2"
+    return (e.strategy.upper() + (" (bf16)" if fsdp2 and args.mixed_precision else "")
+            + (" (offload)" if fsdp2 and args.cpu_offload else "")
+            + (" (no reshard)" if fsdp2 and not args.reshard_after_forward else ""))
 
 
 def communication_table(estimates: list, args) -> str:
-    lines = [
-        "communication per step | collectives (count: MiB handed over) | sent per rank (ring)",
-        "--- | --- | ---:",
-    ]
+    lines = ["communication per step | collectives (count: MiB handed over) | sent per rank (ring)",
+             "--- | --- | ---:"]
     for e in estimates:
-        calls = ", ".join(
-            f"{name} ({count}: {mib(nbytes)})" for name, (count, nbytes) in e.collectives.items()
-        )
+        calls = ", ".join(f"{name} ({count}: {mib(nbytes)})"
+                          for name, (count, nbytes) in e.collectives.items())
         lines.append(f"{label(e, args)} | {calls} | {mib(e.sent)} MiB")
     return "\n".join(lines)
 
@@ -478,23 +410,17 @@ def verdict(estimates: list, args) -> str:
     elif args.device == "cpu":
         headroom, kept = 0, "keeping nothing beside (--device cpu: no CUDA)"
     else:
-        kept = (
-            f"keeping {mib(CUDA_KEEPS_BYTES)} MiB for CUDA, NCCL and cuBLAS and "
-            f"{ALLOCATOR_RESERVE:.0%} of each peak for torch's allocator (measured on an H200; "
-            "--headroom to change)"
-        )
+        kept = (f"keeping {mib(CUDA_KEEPS_BYTES)} MiB for CUDA, NCCL and cuBLAS and "
+                f"{ALLOCATOR_RESERVE:.0%} of each peak for torch's allocator (measured on an H200; "
+                "--headroom to change)")
     fits = [e for e in estimates if needs(e, headroom) <= memory]
     names = ", ".join(e.strategy.upper() for e in fits) or "none"
     if not fits:
-        return (
-            f"on {mib(memory)} MiB per device, {kept}: none fits; add workers, "
-            "--mixed-precision, --cpu-offload or --grad-accum-steps (smaller micro-batches)"
-        )
+        return (f"on {mib(memory)} MiB per device, {kept}: none fits; add workers, "
+                "--mixed-precision, --cpu-offload or --grad-accum-steps (smaller micro-batches)")
     cheapest = min(fits, key=lambda e: (e.sent, e.peak))
-    return (
-        f"on {mib(memory)} MiB per device, {kept}: fits {names}; "
-        f"cheapest (fewest bytes sent): {cheapest.strategy.upper()}"
-    )
+    return (f"on {mib(memory)} MiB per device, {kept}: fits {names}; "
+            f"cheapest (fewest bytes sent): {cheapest.strategy.upper()}")
 
 
 def needs(e: Estimate, headroom: int | None) -> float:

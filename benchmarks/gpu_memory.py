@@ -10,7 +10,7 @@ allocator took from the driver), each phase's peak (forward and backward; the op
 process uses beside the allocator (CUDA context, cuBLAS' and NCCL's buffers: total - free - reserved), the pinned host
 memory under CPU offload, and will_it_fit.py's prediction for the same model, micro-batch and flags at one rank. One
 rank: FSDP shards nothing there, so this measures what the device adds (optimizer kernels, autocast's copies, the
-allocator, the context), not the sharding, which benchmarks/will_it_fit.py checks on 2 gloo ranks.
+allocator, the context), not the sharding, which benchmarks/check_will_it_fit.py checks on 2 gloo ranks.
 """
 import argparse
 import json
@@ -29,7 +29,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from benchmarks.will_it_fit import load_step04, wrap  # noqa: E402
+from benchmarks.check_will_it_fit import load_step04, wrap  # noqa: E402
 from common.model import build_model  # noqa: E402
 from common.training import make_optimizer  # noqa: E402
 from labs.harness import free_port  # noqa: E402

@@ -25,9 +25,9 @@ TINY = dict(model="tiny", name="fsdp2_accum2", strategy="fsdp2", mixed_precision
 
 @pytest.fixture(scope="module")
 def validation():
-    from benchmarks import will_it_fit  # imported by name: its spawned ranks import it again
+    from benchmarks import check_will_it_fit  # imported by name: its spawned ranks import it again
 
-    return will_it_fit
+    return check_will_it_fit
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_every_published_row_holds_its_tolerances(validation):
         assert validation.disagreements(row["predicted"], row["measured"]) == [], (row["model"], row["name"])
         config = {k: v for k, v in row.items() if k not in ("predicted", "measured")}
         assert validation.predicted(config, fit) == row["predicted"], \
-            f"{row['model']} {row['name']}: published with another will_it_fit.py; rerun benchmarks/will_it_fit.py"
+            f"{row['model']} {row['name']}: published by another will_it_fit.py; run benchmarks/check_will_it_fit.py"
     assert results["archived"]["rows"], "giant on FSDP2, from the archived run"
     for row in results["archived"]["rows"]:
         assert row["predicted_mb"] == pytest.approx(row["measured_mb"], rel=1e-12, abs=0), row["run"]

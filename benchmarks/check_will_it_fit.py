@@ -1,7 +1,7 @@
 """Checks step 04's will_it_fit.py against real runs: 2 gloo ranks on CPU, 2 optimizer steps on synthetic images, for
 DDP, FSDP1 and FSDP2 (with and without bf16 and CPU offload) on several presets; writes predicted against measured.
 
-    python benchmarks/will_it_fit.py                       # benchmarks/published/will-it-fit/
+    python benchmarks/check_will_it_fit.py                 # benchmarks/published/will-it-fit/
 
 Measured on every rank: parameters, gradients and AdamW state, the bytes of the tensors it holds (a DTensor's local
 shard) after the second step; the peak, torch's MemTracker (torch.distributed._tools.mem_tracker) over both steps:
@@ -35,7 +35,12 @@ TIMEOUT_S = 300  # the collectives' deadline, and each run's
 CONFIGS = [("ddp", "ddp", False, False), ("fsdp1", "fsdp1", False, False), ("fsdp2", "fsdp2", False, False),
            ("fsdp2_bf16", "fsdp2", True, False), ("fsdp2_offload", "fsdp2", False, True),
            ("fsdp2_bf16_offload", "fsdp2", True, True)]
-TOLERANCE = dict(state=0.0, peak=0.20, communication=0.05)  # state: to the byte
+# state: to the byte. peak: what the estimate leaves out (the kernels' short-lived temporaries) is 3.9% at most in
+# the published run (hybrid, FSDP2 with bf16), 3.9% too with ATEN_CPU_CAPABILITY=default (AMD EPYC Zen 4): another
+# processor's kernels may save other tensors, which the fake tensors' forward follows, as it runs the same kernels'
+# choices. Each term left out is over 10% on some row (activations 86%, the optimizer state 35%, DDP's bucket copy
+# 16%, the gathered weights 12%).
+TOLERANCE = dict(state=0.0, peak=0.10, communication=0.05)
 
 
 def load_step04(name: str):
@@ -204,7 +209,7 @@ def main():
     args = p.parse_args()
     fit = load_step04("will_it_fit")
     out = Path(args.out)
-    commit = describe_commit(("common", "04-ray-train-fsdp2", "benchmarks/will_it_fit.py"), "the estimator")
+    commit = describe_commit(("common", "04-ray-train-fsdp2", "benchmarks/check_will_it_fit.py"), "the estimator")
     rows = []
     configs = [dict(model=m, name=name, strategy=s, mixed_precision=mp_, cpu_offload=off, batch_size=args.batch_size,
                     grad_accum_steps=1) for m in args.models for name, s, mp_, off in CONFIGS]
