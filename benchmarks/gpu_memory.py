@@ -18,9 +18,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
-from collections import Counter
 from types import SimpleNamespace
 
 import torch
@@ -111,7 +111,7 @@ def measure(config: dict) -> dict:
         used["context"] = device_used_beside_allocator()
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1, timeout=timedelta(seconds=RUN_TIMEOUT_S), device_id=device if cuda else None)
-    dist.all_reduce(torch.ones(1, device=device))  # NCCL makes its communicator at the first collective
+    dist.all_reduce(torch.ones(1, device=device))  # NCCL's communicator made by now, eagerly or not
     if cuda:
         used["after_first_collective"] = device_used_beside_allocator()
     flags = SimpleNamespace(mixed_precision=config["mixed_precision"], cpu_offload=config["cpu_offload"],
