@@ -12,7 +12,7 @@ professional would:
    with LABS_HANG_TIMEOUT_S=120 to wait that long): the line of each stack.
 (The Flight Recorder is NCCL's: on gloo nothing dumps it on a timeout, tests/test_hang_tools.py.)
 
-Then fill in DIAGNOSIS (its line as this file has it now: the line numbers do not move if you edit only the dict)
+Then fill in DIAGNOSIS (its line as this file numbers it, untouched or with your lines added above it)
 and fix the code: every rank must see the same collectives, and rank 0's log must still be every rank's loss.
 A solution: labs/solutions/07_hang_rank0.py.
 """

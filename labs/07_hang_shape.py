@@ -13,7 +13,7 @@ batch. The check runs main() in 2 processes whose collectives time out after 10 
 (The Flight Recorder is NCCL's: on gloo nothing dumps it on a timeout, tests/test_hang_tools.py.)
 
 On NCCL this bug hangs or corrupts; gloo fails at once, but its message names no shape: step 3 does.
-Then fill in DIAGNOSIS (its line as this file has it now: the line numbers do not move if you edit only the dict)
+Then fill in DIAGNOSIS (its line as this file numbers it, untouched or with your lines added above it)
 and fix the code: rank 0's accuracy must be every test image's, each counted once.
 A solution: labs/solutions/07_hang_shape.py.
 """

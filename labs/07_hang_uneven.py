@@ -13,7 +13,7 @@ professional would:
    with LABS_HANG_TIMEOUT_S=120 to wait that long): the line of each stack.
 (The Flight Recorder is NCCL's: on gloo nothing dumps it on a timeout, tests/test_hang_tools.py.)
 
-Then fill in DIAGNOSIS (its line as this file has it now: the line numbers do not move if you edit only the dict)
+Then fill in DIAGNOSIS (its line as this file numbers it, untouched or with your lines added above it)
 and fix the code: every rank must take 1 process's steps, each on its half of 1 process's batch.
 A solution: labs/solutions/07_hang_uneven.py.
 """

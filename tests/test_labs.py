@@ -478,6 +478,9 @@ WRONG_ANSWERS = {
         WrongAnswer("the rank that never came, not the one that waits", [
             ('DIAGNOSIS = dict(rank=0,', 'DIAGNOSIS = dict(rank=1,')],
                     1, "DIAGNOSIS's rank is not where the untouched file waits", "shows the line it waits on"),
+        WrongAnswer("the evaluation's reduce, which both ranks call", [
+            ('collective="reduce", line=68)', 'collective="reduce", line=66)')],
+                    1, "DIAGNOSIS's line is not where the untouched file waits", "shows the line it waits on"),
     ],
     "hang-uneven": [
         WrongAnswer("every rank cut to the shorter shard", [
@@ -577,6 +580,10 @@ RIGHT_ANSWERS = {
             "        dist.reduce(loss_sum, dst=0)  # a collective: every rank calls it, rank 0 alone receives the "
             "sum\n",
             "        dist.all_reduce(loss_sum)\n")]),
+        RightAnswer("the line as the file numbers it after a line added above it", [
+            ('collective="reduce", line=68)', 'collective="reduce", line=54)'),
+            ("        dist.reduce(loss_sum, dst=0)  # a collective",
+             "        # rank 1 never came here\n        dist.reduce(loss_sum, dst=0)  # a collective")]),
     ],
     "hang-shape": [
         RightAnswer("each rank's hits counted, the counts all-reduced", [(
@@ -712,10 +719,12 @@ def test_a_wrong_answer_fails_for_its_reason_with_another_processors_kernels(mon
 def test_a_clinic_labs_truth_is_the_line_of_its_collective(lab):
     """The line a diagnosis must name moves with any line added above it (the docstring's too): it still holds the
     collective (DDP's all-reduce runs in backward), so the check's truth is the starting file's."""
-    truth = importlib.import_module(LABS[lab].checks).TRUTH
+    checks = importlib.import_module(LABS[lab].checks)
+    truth = checks.TRUTH
     line = lab_file(lab).read_text().splitlines()[truth["line"] - 1].strip()
     assert line.startswith(f"dist.{truth['collective']}(") or (truth["collective"], line) == ("all_reduce",
                                                                                               "loss.backward()"), line
+    assert line.startswith(checks.WAITS_AT), (line, checks.WAITS_AT)  # where it stands now is right too
 
 
 def hint_of(stdout: str, line: str) -> str:
