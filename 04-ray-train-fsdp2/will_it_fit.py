@@ -310,10 +310,10 @@ def estimate(model, strategy: str, args, activations: int, rank: int = 0) -> Est
     calls = collectives(model, strategy, args)
     fsdp2 = strategy == "fsdp2"
     acts = activations if fsdp2 or not args.mixed_precision else activation_bytes(fp32(args))
-    step = grads + adamw_temporary(model, strategy, args, rank)
-    peak = peak_bytes(model, strategy, args, params, step, optimizer, acts)
+    temporary = adamw_temporary(model, strategy, args, rank)
+    peak = peak_bytes(model, strategy, args, params, grads + temporary, optimizer, acts)
     offload = offloaded(strategy, args)
-    host = host_bytes(model, strategy, args, rank, step - grads + optimizer) if offload else 0
+    host = host_bytes(model, strategy, args, rank, optimizer + temporary) if offload else 0
     sent = ring_sent(calls, n)
     return Estimate(strategy, params, grads, optimizer, acts, peak, host, calls, sent)
 

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
+from common.meter import state_bytes  # noqa: E402
 from common.model import TRANSFORMER_BLOCK, build_model  # noqa: E402
 from common.training import make_optimizer  # noqa: E402
 from labs.harness import free_port  # noqa: E402
@@ -41,6 +42,7 @@ CONFIGS = [("ddp", "ddp", False, False), ("fsdp1", "fsdp1", False, False), ("fsd
 # choices. Each term left out is over 10% on some row (activations 86%, the optimizer state 35%, DDP's bucket copy
 # 16%, the gathered weights 12%).
 TOLERANCE = dict(state=0.0, peak=0.10, communication=0.05)
+CPU = torch.device("cpu")
 
 
 def load_step04(name: str):
@@ -50,9 +52,6 @@ def load_step04(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-CPU = torch.device("cpu")
 
 
 def wrap(model, strategy: str, flags, sent: Counter, device=CPU):
@@ -102,12 +101,6 @@ def count_collectives(sent: Counter) -> None:
         reduce_scatter_single
 
 
-def local_bytes(tensors) -> int:
-    from torch.distributed.tensor import DTensor
-
-    return sum(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes for t in tensors)
-
-
 def measure(rank: int, port: int, config: dict, results: dict) -> None:
     """A rank of the pair: 2 optimizer steps, the second counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -139,10 +132,8 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
                     tracker.reset_mod_stats()
             optimizer.step()
     sent.update(counting)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     results[rank] = dict(
-        params=local_bytes(params), grads=local_bytes(p.grad for p in params if p.grad is not None),
-        optimizer=local_bytes(v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+        **state_bytes(optimizer),
         peak=tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] if tracker else None,
         collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})
     dist.destroy_process_group()

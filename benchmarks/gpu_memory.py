@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
 from benchmarks.check_will_it_fit import load_step04, wrap  # noqa: E402
+from common.meter import state_bytes  # noqa: E402
 from common.model import build_model  # noqa: E402
 from common.training import make_optimizer  # noqa: E402
 from labs.harness import free_port  # noqa: E402
@@ -141,11 +142,7 @@ def measure(config: dict) -> dict:
     if cuda:
         torch.cuda.synchronize()
         used["at_end"] = device_used_beside_allocator()
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    result = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params if p.grad is not None),
-                  optimizer=local_bytes(v for s in optimizer.state.values() for v in s.values()
-                                        if isinstance(v, torch.Tensor)),
-                  phases=phases, peak=max(p["allocated"] for p in phases.values()),
+    result = dict(**state_bytes(optimizer), phases=phases, peak=max(p["allocated"] for p in phases.values()),
                   reserved=max(p["reserved"] for p in phases.values()), used_beside_allocator=used,
                   host_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     if cuda and hasattr(torch.cuda, "host_memory_stats"):  # pinned host memory, FSDP2's offload
@@ -173,12 +170,6 @@ def peaks(cuda: bool) -> dict:
         return dict(allocated=0, reserved=0)
     torch.cuda.synchronize()
     return dict(allocated=torch.cuda.max_memory_allocated(), reserved=torch.cuda.max_memory_reserved())
-
-
-def local_bytes(tensors) -> int:
-    from torch.distributed.tensor import DTensor
-
-    return sum(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes for t in tensors)
 
 
 def predicted(config: dict, fit) -> dict:

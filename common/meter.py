@@ -96,16 +96,21 @@ class RunMeter:
 
 
 def state_memory_mb(optimizer: torch.optim.Optimizer) -> dict:
-    """Exact MB this rank holds for parameters, gradients and optimizer state, from the tensors it owns (every
+    """Exact MB this rank holds for parameters, gradients and optimizer state (state_bytes)."""
+    return {f"{name}_mb": nbytes / 2**20 for name, nbytes in state_bytes(optimizer).items()}
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> dict:
+    """Bytes this rank holds for parameters, gradients and optimizer state, from the tensors it owns (every
     parameter is the optimizer's): the full model under DDP, only its shard under FSDP (a DTensor's local part)."""
-    def mb(tensors):
+    def nbytes(tensors):
         local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-        return sum(t.numel() * t.element_size() for t in local) / 2**20
+        return sum(t.numel() * t.element_size() for t in local)
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    return dict(params_mb=mb(params), grads_mb=mb(p.grad for p in params if p.grad is not None),
-                optimizer_mb=mb(v for state in optimizer.state.values() for v in state.values()
-                                if isinstance(v, torch.Tensor)))
+    return dict(params=nbytes(params), grads=nbytes(p.grad for p in params if p.grad is not None),
+                optimizer=nbytes(v for state in optimizer.state.values() for v in state.values()
+                                 if isinstance(v, torch.Tensor)))
 
 
 def print_run_summary(run_folder, launched: float) -> None:

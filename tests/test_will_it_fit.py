@@ -130,8 +130,7 @@ def test_giant_on_a_gpu_is_predicted_where_the_tool_counts_it():
     for name, flags in [("ddp_no_autocast", ["--strategy", "ddp"]),
                         ("ddp_foreach", ["--strategy", "ddp", "--adamw", "foreach"]),
                         ("fsdp2_bf16", ["--strategy", "fsdp2", "--mixed-precision"])]:
-        args = fit.parse_args(["--model", "giant", "--num-workers", "1", "--batch-size", "16", *flags])
-        estimate = fit.estimate(fit.build_fake(args), args.strategy, args, fit.activation_bytes(args))
+        estimate = estimate_of(fit, "--model", "giant", "--num-workers", "1", "--batch-size", "16", *flags)
         measured = rows[name]["measured"]["peak"]
         assert estimate.peak == pytest.approx(measured, rel=0.05), (name, estimate.peak / 2**20, measured / 2**20)
 
@@ -143,9 +142,8 @@ def test_offloaded_shards_and_gradients_are_pinned_each_rounded_up_to_a_power_of
     rows = [r for r in json.loads(GPU_PUBLISHED.read_text())["rows"] if r["name"] == "fsdp2_offload"]
     assert {r["model"] for r in rows} == {"small", "hybrid"}
     for row in rows:
-        args = fit.parse_args(["--model", row["model"], "--num-workers", "1", "--strategy", "fsdp2", "--cpu-offload",
-                               "--batch-size", str(row["micro_batch"])])
-        estimate = fit.estimate(fit.build_fake(args), "fsdp2", args, fit.activation_bytes(args))
+        estimate = estimate_of(fit, "--model", row["model"], "--num-workers", "1", "--strategy", "fsdp2",
+                               "--cpu-offload", "--batch-size", str(row["micro_batch"]))
         pinned = estimate.host - estimate.optimizer  # fused AdamW's step allocates nothing
         assert 0 <= row["measured"]["pinned"]["allocated_peak"] - pinned <= 2**16, (row["model"], pinned)
 
@@ -160,12 +158,17 @@ def test_the_verdict_keeps_what_the_published_gpu_run_measured():
     reserve = max(m["reserved"] / m["peak"] - 1 for m in rows if m["peak"] > 2**30)
     assert reserve <= fit.ALLOCATOR_RESERVE < reserve + 0.01
     # hybrid's DDP peak (138.8 MiB) fits 1 GiB as bytes of tensors, not beside what CUDA keeps; said with its source
-    args = fit.parse_args(["--strategy", "ddp", "--memory-per-device", "1GiB"])
-    estimates = [fit.estimate(fit.build_fake(args), "ddp", args, fit.activation_bytes(args))]
-    said = fit.verdict(estimates, args)
+    estimates = [estimate_of(fit, "--strategy", "ddp")]
+    said = fit.verdict(estimates, fit.parse_args(["--memory-per-device", "1GiB"]))
     assert "none fits" in said and "keeping 1,327.0 MiB" in said and "H200" in said, said
     assert "fits DDP" in fit.verdict(estimates, fit.parse_args(["--memory-per-device", "1GiB", "--headroom", "0B"]))
     assert "fits DDP" in fit.verdict(estimates, fit.parse_args(["--memory-per-device", "1GiB", "--device", "cpu"]))
+
+
+def estimate_of(fit, *flags):
+    """The tool's estimate of rank 0, for the one strategy its flags name."""
+    args = fit.parse_args(list(flags))
+    return fit.estimate(fit.build_fake(args), args.strategy, args, fit.activation_bytes(args))
 
 
 @pytest.mark.smoke  # the script, run once as an attendee runs it
