@@ -12,6 +12,14 @@ While it runs, every process on the machine is read from /proc every 0.1 s: when
 the fresh run with PYTHONPROFILEIMPORTTIME=1 (Ray hands the environment on to every process it starts) reads what each
 process imported and how long that took; it is not timed. The machine is 2 cores: a process's CPU seconds are the
 time it took from the others. Writes results.json; tables.py renders it.
+
+    python benchmarks/ray_start.py --levers 5 --out benchmarks/published/ray-start-levers    # about 30 minutes
+
+Each lever that the account points at, one at a time, in alternated rounds (the same order each round, the running
+cluster up throughout so that every run shares its idle load): torchrun; step 02 starting its own Ray; the same
+with one lever changed; step 02 on the running cluster. Each run's launch to first step and its first step to the
+end of the process; the medians are what the documents quote. One run each is too noisy on 2 cores: a variant
+beats another only where their ranges part.
 """
 import argparse
 import json
@@ -19,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +53,11 @@ DEADLINE_S = 300  # a run past it is killed, with every process it started, and 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/ray-start"))
+    parser.add_argument("--levers", type=int, metavar="ROUNDS",
+                        help="measure each lever in LEVERS instead, in ROUNDS alternated rounds")
     args = parser.parse_args()
+    if args.levers:
+        return measure_levers(args.levers, args.out)
     made = made_by(describe_commit(("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py",
                                     "02-ray-train-ddp/train_ray_ddp.py"), "the code it runs"))
     work = Path(tempfile.mkdtemp(prefix="rs-"))  # short: Ray's socket paths live under it
@@ -58,6 +71,69 @@ def main():
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out / 'results.json'}")
+
+
+# name: (how it differs from step 02 as the room runs it, its extra environment); the running cluster's is apart
+LEVERS = {
+    "Ray, fresh": ("none: the step as the room runs it (it starts its own Ray)", {}),
+    "Ray, fresh, Ray's 2 s controller poll": (
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=2, Ray's default (the steps set 0.2 s): the controller's poll, which "
+        "every report waits for and which notices the run's end", {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}),
+    "Ray, fresh, workers preload torch": (
+        "RAY_preload_python_modules=torch,torchvision: Ray's module preloading, every worker process imports them "
+        "as it starts", {"RAY_preload_python_modules": "torch,torchvision"}),
+}
+RUNNING = "Ray, running cluster"
+TEMPORARY = ("HOME", "RAY_TMPDIR")  # the running cluster's folders, gone with it: not published
+
+
+def measure_levers(rounds: int, out: Path) -> None:
+    """torchrun, LEVERS and the running cluster, in ROUNDS rounds of one run each: launch to first step and first
+    step to the end."""
+    made = made_by(describe_commit(("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py",
+                                    "02-ray-train-ddp/train_ray_ddp.py"), "the code it runs"))
+    work = Path(tempfile.mkdtemp(prefix="rs-"))
+    plain = dict(os.environ)  # the fresh runs' and torchrun's: not the running cluster's drivers' (token, home)
+    with running_cluster(work) as address:
+        variants = {"torchrun": ("step 01 under torchrun, for scale", TORCHRUN, plain),
+                    **{name: (what, RAY, {**plain, **env}) for name, (what, env) in LEVERS.items()},
+                    RUNNING: ("--address: a Ray started before (ray start --head, token on), warmed by one run first",
+                              [*RAY, "--address", address], dict(os.environ))}
+        lever_run(*variants[RUNNING][1:], work)  # its first run starts a helper that the cluster keeps
+        runs = {name: [] for name in variants}
+        for round_ in range(rounds):
+            for name, (_, command, env) in variants.items():
+                runs[name].append(lever_run(command, env, work))
+                print(f"round {round_ + 1}/{rounds} {name}: {runs[name][-1]}", flush=True)
+    results = dict(machine=describe_machine(), **made, cores=os.cpu_count(), setting=" ".join(CUT), rounds=rounds,
+                   levers=[dict(name=name, what=what, command=" ".join(["python", *command]),
+                                env={k: v for k, v in env.items() if plain.get(k) != v and k not in TEMPORARY},
+                                runs=runs[name],
+                                **medians(runs[name]))
+                           for name, (what, command, env) in variants.items()])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {out / 'results.json'}")
+
+
+def lever_run(command: list, env: dict, work: Path) -> dict:
+    """One run once the machine is quiet: launch to first step and first step to the process's end, in seconds."""
+    load = wait_until_quiet()
+    folder = Path(tempfile.mkdtemp(dir=work))
+    environment = {"RAY_TMPDIR": str(folder), **env, "PYTHONUNBUFFERED": "1"}
+    launched = time.time()
+    output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")],
+                             environment)
+    ended = time.time()
+    seen_at, summary = summary_line(output)
+    first_step = seen_at - summary["wall_time_s"] + summary["time_to_first_step_s"]
+    return dict(load_average_before=load, first_step_s=round(first_step - launched, 1),
+                end_s=round(ended - first_step, 1))
+
+
+def medians(runs: list) -> dict:
+    return {f"median_{key}": round(statistics.median(run[key] for run in runs), 1) for key in ("first_step_s", "end_s")}
 
 
 def measure(name: str, command: list, work: Path, imports: bool = False) -> dict:

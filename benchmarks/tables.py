@@ -33,6 +33,7 @@ REHEARSAL = PUBLISHED / "rehearsal" / "results.json"
 LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
 ACTIVATIONS = PUBLISHED / "activations" / "results.json"
 RAY_START = PUBLISHED / "ray-start" / "results.json"
+RAY_START_LEVERS = PUBLISHED / "ray-start-levers" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
@@ -252,7 +253,8 @@ def comparison_table(results: dict) -> list:
     return table([""] + [title for _, title, _, _ in COMPARED], rows) + [
         "", f"{trained.capitalize()} of `{first.get('model')}`, global batch {first.get('global_batch_size')}; the "
             f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."
-            + (" " + ray_start_summary(json.loads(RAY_START.read_text())) if RAY_START.exists() else "")]
+            + (" " + ray_start_summary(json.loads(RAY_START_LEVERS.read_text())) if RAY_START_LEVERS.exists()
+               else "")]
 
 
 def local_mode_table(results: dict) -> list:
@@ -776,9 +778,9 @@ def ray_start_table(results: dict) -> list:
 RAY_FRESH, RAY_WARM = "Ray, fresh", "Ray, running cluster (2nd run)"  # ray_start.py's runs that the documents quote
 
 
-def first_steps(results: dict) -> dict:
-    """ray_start.py's runs by name: the launch to first step of each."""
-    return {r["name"]: r["launch_to_first_step_s"] for r in results["runs"]}
+def median_first_steps(results: dict) -> dict:
+    """ray_start.py --levers: each variant's median launch to first step, by name."""
+    return {lever["name"]: lever["median_first_step_s"] for lever in results["levers"]}
 
 
 RAY_START_STAGES = [  # (what runs, whose it is): each stage ends where the next begins, the last at the first step
@@ -837,22 +839,39 @@ def ray_start_processes(results: dict, run_name: str) -> list:
             + f"Measured on {measured_on(results)}."]
 
 
+def ray_start_levers(results: dict) -> list:
+    """ray_start.py --levers: each lever's launch to first step and first step to the end, medians and ranges."""
+    torchrun = results["levers"][0]["median_first_step_s"]
+
+    def spread(lever, key):
+        values = [run[key] for run in lever["runs"]]
+        return f"{min(values):.1f}-{max(values):.1f}"
+    rows = [[lever["name"], lever["what"], f"{lever['median_first_step_s']:.1f}", spread(lever, "first_step_s"),
+             f"{lever['median_first_step_s'] / torchrun:.1f}x", f"{lever['median_end_s']:.1f}",
+             spread(lever, "end_s")] for lever in results["levers"]]
+    return table(["run", "what differs", "launch to first step", "range", "of torchrun's", "first step to the end",
+                  "range"], rows) + [
+        "", f"Seconds: medians of {results['rounds']} rounds, each run once a round in this order, the running "
+            f"cluster up throughout; `{results['setting']}`, 2 processes. Measured on {measured_on(results)}."]
+
+
 def ray_start_summary(results: dict) -> str:
-    """The comparison's last words: the launch to first step of each run of ray_start.py, and where to read it
-    process by process."""
-    runs = first_steps(results)
-    return (f"Launch to first step, `tiny`, in one run of benchmarks/ray_start.py: torchrun {runs['torchrun']:.1f} s, "
-            f"Ray {runs[RAY_FRESH]:.1f} s starting its own Ray (as the steps do), "
-            f"{runs[RAY_WARM]:.1f} s on a running cluster; each second, process by process: "
-            f"[Ray's start](benchmarks/README.md#rays-start-process-by-process). Measured on {measured_on(results)}.")
+    """The comparison's last words: ray_start.py --levers' medians of torchrun and Ray, and where to read them."""
+    medians = median_first_steps(results)
+    return (f"Launch to first step, `tiny`, medians of {results['rounds']} alternated runs of "
+            f"benchmarks/ray_start.py --levers: torchrun {medians['torchrun']:.1f} s, "
+            f"Ray {medians['Ray, fresh']:.1f} s starting its own Ray (as the steps do), "
+            f"{medians['Ray, running cluster']:.1f} s on a running cluster; "
+            f"each second, process by process: [Ray's start](benchmarks/README.md#rays-start-process-by-process). "
+            f"Measured on {measured_on(results)}.")
 
 
 def ray_start_slide(results: dict) -> list:
-    """Why Ray starts slowly, as a bullet: fresh and on a running cluster, against torchrun (ray_start.py)."""
-    runs = first_steps(results)
-    return [f"- Slow start: first step at {runs[RAY_FRESH]:.1f} s, {runs[RAY_WARM]:.1f} s "
-            f"on a running cluster (torchrun {runs['torchrun']:.1f} s): Ray Train's processes, per run", "",
-            f"{slide_measured_on(results)}: `tiny`"]
+    """Why Ray starts slowly, as a bullet: fresh and on a running cluster, against torchrun (medians, --levers)."""
+    medians = median_first_steps(results)
+    return [f"- Slow start: first step at {medians['Ray, fresh']:.1f} s, {medians['Ray, running cluster']:.1f} s "
+            f"on a running cluster (torchrun {medians['torchrun']:.1f} s): Ray Train's processes, per run", "",
+            f"{slide_measured_on(results)}: `tiny`, medians of {results['rounds']}"]
 
 
 TABLES = {
@@ -874,7 +893,7 @@ TABLES = {
     "steps-findings-slide": (STEPS, steps_findings_slide),
     "memory-slide": (STEPS, memory_slide),
     "diffs-slide": (STEPS, diffs_slide),
-    "ray-start-slide": (RAY_START, ray_start_slide),
+    "ray-start-slide": (RAY_START_LEVERS, ray_start_slide),
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
@@ -884,6 +903,7 @@ TABLES = {
     "ray-start-timeline": (RAY_START, ray_start_timeline),
     "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, RAY_FRESH)),
     "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, RAY_WARM)),
+    "ray-start-levers": (RAY_START_LEVERS, ray_start_levers),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},

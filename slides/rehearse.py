@@ -337,18 +337,17 @@ def handout_markdown(results: dict) -> str:
 
 
 def ray_start_line() -> list:
-    """What a Ray command waits before it trains, from benchmarks/ray_start.py's published run, if there is one."""
-    path = ROOT / "benchmarks" / "published" / "ray-start" / "results.json"
+    """What a Ray command waits before it trains: the medians of benchmarks/ray_start.py --levers, if published."""
+    path = ROOT / "benchmarks" / "published" / "ray-start-levers" / "results.json"
     if not path.exists():
         return []
     ray_start = json.loads(path.read_text())
-    runs = {r["name"]: r["launch_to_first_step_s"] for r in ray_start["runs"]}
+    medians = {lever["name"]: lever["median_first_step_s"] for lever in ray_start["levers"]}
     return [f"Each Ray command waits before it trains: Ray Train starts a controller, helpers and workers for every "
-            f"run, each importing Ray Train. On {ray_start['machine']} ({ray_start['date']}, `--model tiny`), step "
-            f"02's first step came {runs['Ray, fresh']:.1f} s after its launch, "
-            f"{runs['Ray, running cluster (2nd run)']:.1f} s on a Ray cluster already running, torchrun's "
-            f"{runs['torchrun']:.1f} s (benchmarks/README.md, "
-            f"\"Ray's start\").", ""]
+            f"run, each importing Ray Train. On {ray_start['machine']} ({ray_start['date']}, `--model tiny`, medians "
+            f"of {ray_start['rounds']} runs), step 02's first step came {medians['Ray, fresh']:.1f} s after its "
+            f"launch, {medians['Ray, running cluster']:.1f} s on a Ray cluster already running, torchrun's "
+            f"{medians['torchrun']:.1f} s (benchmarks/README.md, \"Ray's start\").", ""]
 
 
 def machine() -> tuple:

@@ -261,3 +261,46 @@ def test_ray_start_reads_each_process_imports_its_role_and_its_cpu_until_the_fir
     rows = ray_start.account(seen, before={"10": ("gcs_server", 3.0)}, launched=0.0, first_step=10.0)
     assert rows == [dict(role="TrainController", pid=11, appeared_s=2.0, role_s=3.0, cpu_s=2.5),
                     dict(role="gcs_server", pid=10, appeared_s=None, role_s=None, cpu_s=0.4)]
+
+
+def test_ray_start_levers_run_fresh_without_the_running_clusters_environment(tmp_path, monkeypatch):
+    """ray_start.py --levers: every variant once a round, in one order; the running cluster's runs with --address
+    and its drivers' environment (token on), the fresh runs and torchrun without it (a fresh Ray started with
+    RAY_AUTH_MODE=token would be another Ray than the room's); medians of each variant's runs."""
+    ray_start = load_script("benchmarks/ray_start.py")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+    class FakeCluster:
+        def __init__(self, work):
+            pass
+
+        def __enter__(self):
+            os.environ["RAY_AUTH_MODE"] = "token"  # as running_cluster does for its drivers
+            return "127.0.0.1:7777"
+
+        def __exit__(self, *_):
+            os.environ.pop("RAY_AUTH_MODE")
+    seen = []
+
+    def fake_run(command, env, work):
+        seen.append((command, env.get("RAY_AUTH_MODE")))
+        return dict(load_average_before=0.5, first_step_s=float(len(seen)), end_s=1.0)
+    monkeypatch.setattr(ray_start, "running_cluster", FakeCluster)
+    monkeypatch.setattr(ray_start, "lever_run", fake_run)
+    ray_start.measure_levers(3, tmp_path)
+
+    cluster_run = [*ray_start.RAY, "--address", "127.0.0.1:7777"]
+    assert seen[0] == (cluster_run, "token")  # the warm-up
+    names = ["torchrun", *ray_start.LEVERS, ray_start.RUNNING]
+    assert len(seen) == 1 + 3 * len(names)
+    for i, (command, auth) in enumerate(seen[1:]):
+        name = names[i % len(names)]
+        on_cluster = name == ray_start.RUNNING
+        assert (command, auth) == ((cluster_run, "token") if on_cluster else
+                                   (ray_start.TORCHRUN if name == "torchrun" else ray_start.RAY, None)), name
+    levers = {lever["name"]: lever for lever in json.loads((tmp_path / "results.json").read_text())["levers"]}
+    assert list(levers) == names
+    fresh = levers["Ray, fresh"]
+    assert [run["first_step_s"] for run in fresh["runs"]] == [3.0, 8.0, 13.0] and fresh["median_first_step_s"] == 8.0
+    assert levers[ray_start.RUNNING]["env"] == {"RAY_AUTH_MODE": "token"}
+    assert levers["Ray, fresh, workers preload torch"]["env"] == {"RAY_preload_python_modules": "torch,torchvision"}
