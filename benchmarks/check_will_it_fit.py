@@ -4,13 +4,17 @@ DDP, FSDP1 and FSDP2 (with and without bf16 and CPU offload) on several presets;
     python benchmarks/check_will_it_fit.py                 # benchmarks/published/will-it-fit/
 
 Measured on every rank: parameters, gradients and AdamW state, the bytes of the tensors it holds (a DTensor's local
-shard) after the second step; the peak, torch's MemTracker (torch.distributed._tools.mem_tracker) over both steps:
-the bytes of live tensors at their highest, the model and optimizer registered with it; the bytes handed to each
-collective in the second step, counted by wrapping torch.distributed's (DDP's all-reduce through a comm hook).
+shard) after the second step; the peak over both steps twice, by two tools that work apart: the bytes torch's CPU
+allocator had handed out at their highest (torch.profiler's memory events, every allocation and free since before
+the model was built, added up), and torch's MemTracker (torch.distributed._tools.mem_tracker: the bytes of live
+tensors it sees, the model and optimizer registered with it; it cannot follow FSDP1's flat parameters); the bytes
+handed to each collective in the second step, counted by wrapping torch.distributed's (DDP's all-reduce through a
+comm hook).
 """
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -41,7 +45,12 @@ CONFIGS = [("ddp", "ddp", False, False), ("fsdp1", "fsdp1", False, False), ("fsd
 # processor's kernels may save other tensors, which the fake tensors' forward follows, as it runs the same kernels'
 # choices. Each term left out is over 10% on some row (activations 86%, the optimizer state 35%, DDP's bucket copy
 # 16%, the gathered weights 12%).
-TOLERANCE = dict(state=0.0, peak=0.10, communication=0.05)
+# allocated: the allocator's peak adds what no count of tensors sees, and the estimate leaves out: each kernel's own
+# scratch (the processor's kernels choose it: bf16 matmuls on a CPU convert through fp32) and the timing of FSDP's
+# prefetch (hybrid FSDP2 bf16's rank 0: 31.8 to 34.2 MB in 3 runs here). Measured: up to 9.0% over MemTracker's
+# peak, the estimate 11.7% under it at worst. 15% is issue #72's bar, not a derived bound: a row past it fails, by
+# name, and says which it is.
+TOLERANCE = dict(state=0.0, peak=0.10, allocated=0.15, communication=0.05)
 CPU = torch.device("cpu")
 
 
@@ -101,16 +110,34 @@ def count_collectives(sent: Counter) -> None:
         reduce_scatter_single
 
 
+def allocated_peak(profiler, window: str) -> int:
+    """The most bytes torch's CPU allocator had handed out during the record_function named window: its memory
+    events (+ an allocation, - a free) added up in time from the profiler's start."""
+    events = profiler.profiler.kineto_results.events()
+    marked = next(e for e in events if e.name() == window)
+    memory = sorted((e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+                     and e.start_ns() <= marked.end_ns()), key=lambda e: e.start_ns())
+    live = peak = sum(e.nbytes() for e in memory if e.start_ns() < marked.start_ns())
+    for event in (e for e in memory if e.start_ns() >= marked.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
 def measure(rank: int, port: int, config: dict, results: dict) -> None:
     """A rank of the pair: 2 optimizer steps, the second counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.profiler import ProfilerActivity, profile, record_function
 
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's own log lines off
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=timedelta(seconds=TIMEOUT_S))
     flags = SimpleNamespace(mixed_precision=config["mixed_precision"], cpu_offload=config["cpu_offload"],
                             reshard_after_forward=config.get("reshard_after_forward", True), weight_decay=0.05, lr=1e-3)
     sent, counting = Counter(), Counter()
+    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    profiler.start()  # before the model exists: every byte it and the steps hold is counted from here
     torch.manual_seed(0)
     model = wrap(build_model(config["model"]), config["strategy"], flags, counting)
     count_collectives(counting)
@@ -120,7 +147,7 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
     if tracker:
         tracker.track_external(model, optimizer)
     k, micro = config["grad_accum_steps"], config["batch_size"] // WORLD_SIZE // config["grad_accum_steps"]
-    with tracker or contextlib.nullcontext():
+    with tracker or contextlib.nullcontext(), record_function("steps"):
         for _ in range(2):
             counting.clear()
             optimizer.zero_grad(set_to_none=True)
@@ -131,10 +158,11 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
                 if tracker:  # it follows one forward per module, then must be reset
                     tracker.reset_mod_stats()
             optimizer.step()
+    profiler.stop()
     sent.update(counting)
     results[rank] = dict(
-        **state_bytes(optimizer),
-        peak=tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] if tracker else None,
+        **state_bytes(optimizer), peak=tracker.get_tracker_snapshot("peak")[CPU]["Total"] if tracker else None,
+        allocated_peak=allocated_peak(profiler, "steps"),
         collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})
     dist.destroy_process_group()
 
@@ -184,7 +212,9 @@ def disagreements(predicted: list, measured: list) -> list:
         problems += [f"rank {rank} {k}: predicted {p[k]:,} bytes, measured {m[k]:,}"
                      for k in ("params", "grads", "optimizer") if p[k] != m[k]]
         if m["peak"] is not None and abs(p["peak"] - m["peak"]) > TOLERANCE["peak"] * m["peak"]:
-            problems.append(f"rank {rank} peak: predicted {p['peak']:,} bytes, measured {m['peak']:,}")
+            problems.append(f"rank {rank} peak: predicted {p['peak']:,} bytes, MemTracker {m['peak']:,}")
+        if abs(p["peak"] - m["allocated_peak"]) > TOLERANCE["allocated"] * m["allocated_peak"]:
+            problems.append(f"rank {rank} peak: predicted {p['peak']:,} bytes, the allocator's {m['allocated_peak']:,}")
         for name in sorted(set(p["collectives"]) | set(m["collectives"])):
             (_, sent), (_, counted) = p["collectives"].get(name, (0, 0)), m["collectives"].get(name, (0, 0))
             if abs(sent - counted) > TOLERANCE["communication"] * counted:
@@ -212,7 +242,9 @@ def main():
         rows.append(dict(config, predicted=predicted(config, fit), measured=measured(config)))
         print(f"{config['model']} {config['name']}: {time.perf_counter() - started:.0f} s", flush=True)
     results = dict(machine=describe_machine(), **made_by(commit), world_size=WORLD_SIZE, tolerance=TOLERANCE,
-                   peak="bytes of live tensors at their highest (torch MemTracker, CPU) over 2 optimizer steps",
+                   peak="over 2 optimizer steps: the bytes of live tensors at their highest (torch's MemTracker; it "
+                        "cannot follow FSDP1's flat parameters), and the most bytes torch's CPU allocator had handed "
+                        "out (torch.profiler's memory events)",
                    rows=rows, archived=archived_giant(fit))
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -238,15 +270,16 @@ def archived_giant(fit) -> dict:
 
 
 def peak_mib(nbytes) -> str:
-    return "not measured" if nbytes is None else f"{nbytes / 2**20:,.1f}"
+    return "-" if nbytes is None else f"{nbytes / 2**20:,.1f}"
 
 
 def markdown(results: dict) -> str:
     lines = [f"# will_it_fit.py, predicted against measured ({results['world_size']} gloo ranks, CPU)", "",
              f"{results['machine']} | {results['date']} | commit {results['commit']} | `{results['command']}`", "",
-             f"peak: {results['peak']}. Tolerances: state to the byte, peak {results['tolerance']['peak']:.0%}, "
+             f"peak: {results['peak']}. Tolerances: state to the byte, peak {results['tolerance']['peak']:.0%} of "
+             f"MemTracker's and {results['tolerance']['allocated']:.0%} of the allocator's, "
              f"bytes per step {results['tolerance']['communication']:.0%}.", "",
-             "model | run | rank | params | grads | optimizer | peak MiB (pred / meas) | collectives "
+             "model | run | rank | params | grads | optimizer | peak MiB (pred / MemTracker / allocator) | collectives "
              "(count: bytes, pred / meas)", "--- | --- | ---: | --- | --- | --- | --- | ---"]
     for row in results["rows"]:
         for rank, (p, m) in enumerate(zip(row["predicted"], row["measured"], strict=True)):
@@ -254,7 +287,8 @@ def markdown(results: dict) -> str:
             calls = ", ".join(f"{name} {p['collectives'].get(name)} / {m['collectives'].get(name)}"
                               for name in sorted(set(p["collectives"]) | set(m["collectives"])))
             lines.append(f"{row['model']} | {row['name']} | {rank} | {state} | "
-                         f"{p['peak'] / 2**20:,.1f} / {peak_mib(m['peak'])} | {calls}")
+                         f"{p['peak'] / 2**20:,.1f} / {peak_mib(m['peak'])} / {m['allocated_peak'] / 2**20:,.1f} | "
+                         f"{calls}")
     lines += ["", f"giant, FSDP2 at 2 ranks, from {results['archived']['source']} (MB per rank, pred / meas):", ""]
     for row in results["archived"]["rows"]:
         lines.append(f"- {row['run']} rank {row['rank']}: " + ", ".join(

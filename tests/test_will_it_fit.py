@@ -44,12 +44,30 @@ def test_every_published_row_holds_its_tolerances(validation):
     fit = load_script(SCRIPT)
     for row in results["rows"]:
         assert validation.disagreements(row["predicted"], row["measured"]) == [], (row["model"], row["name"])
+        assert all(m["allocated_peak"] > 0 for m in row["measured"]), f"{row['name']}: every strategy's peak measured"
         config = {k: v for k, v in row.items() if k not in ("predicted", "measured")}
         assert validation.predicted(config, fit) == row["predicted"], \
             f"{row['model']} {row['name']}: published by another will_it_fit.py; run benchmarks/check_will_it_fit.py"
     assert results["archived"]["rows"], "giant on FSDP2, from the archived run"
     for row in results["archived"]["rows"]:
         assert row["predicted_mb"] == pytest.approx(row["measured_mb"], rel=1e-12, abs=0), row["run"]
+
+
+def test_the_allocators_peak_counts_what_was_alive_when_the_window_opened(validation):
+    """check_will_it_fit.allocated_peak: 4 MiB alive before the window, 8 MiB made and freed in it, then 2 MiB: the
+    peak is 12 MiB, not the 8 MiB the window's own events add up to, nor what was made after it."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    mib = 2**20 // 4  # float32 elements in a MiB
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        before = torch.empty(4 * mib)
+        with record_function("window"):
+            during = torch.empty(8 * mib)
+            del during
+            kept = torch.empty(2 * mib)
+        after = torch.empty(64 * mib)
+    assert validation.allocated_peak(profiler, "window") == 12 * 2**20
+    del before, kept, after
 
 
 def predicted(validation, config):
