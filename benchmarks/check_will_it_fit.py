@@ -47,9 +47,9 @@ CONFIGS = [("ddp", "ddp", False, False), ("fsdp1", "fsdp1", False, False), ("fsd
 # 16%, the gathered weights 12%).
 # allocated: the allocator's peak adds what no count of tensors sees, and the estimate leaves out: each kernel's own
 # scratch (the processor's kernels choose it: bf16 matmuls on a CPU convert through fp32) and the timing of FSDP's
-# prefetch (hybrid FSDP2 bf16's rank 0: 31.8 to 34.2 MB in 3 runs here). Measured: up to 9.0% over MemTracker's
-# peak, the estimate 11.7% under it at worst. 15% is issue #72's bar, not a derived bound: a row past it fails, by
-# name, and says which it is.
+# prefetch (hybrid FSDP2 bf16's rank 0: 31.8 to 34.2 MB in 3 runs here). Measured in two runs of all rows: up to
+# 9.0% over MemTracker's peak, the estimate up to 11.7% under it. 15% is issue #72's bar, not a derived bound: a row
+# past it fails, by name, and says which it is.
 TOLERANCE = dict(state=0.0, peak=0.10, allocated=0.15, communication=0.05)
 CPU = torch.device("cpu")
 
