@@ -1,10 +1,10 @@
 """Where a run's CPU time goes, per kind of process: the profiles beside this file.
 
     # from the repository's root: every 0.5 s, each process's own CPU ticks, until killed (SIGTERM)
-    python benchmarks/published/archive/suite-time/process_cpu.py sample /tmp/cpu.json &
+    python tests/history/suite-time/process_cpu.py sample /tmp/cpu.json &
     bash .ci/run --durations=0; kill %1
     # busy core-seconds per kind of process, the 40 largest
-    python benchmarks/published/archive/suite-time/process_cpu.py summary /tmp/cpu.json 40
+    python tests/history/suite-time/process_cpu.py summary /tmp/cpu.json 40
 
 A process's kind is its last title (Ray's workers: ray::RayTrainWorker, ...), else its binary, else its script.
 Processes that lived less than a sample are missed; those already running when sampling started are left out."""

@@ -3,7 +3,7 @@ per node, as the suite runs the Ray labs' checks, with Ray's defaults as an atte
 off the preemption watcher, tests/conftest.py): the numbers of the archive README's sections on the checks' cost.
 
     # from the repository's root, nothing else running; the first check makes the reference runs (labs.harness)
-    LABS_CACHE=/tmp/labs-cache python benchmarks/published/archive/suite-time/check_cpu.py 3 02 FILE
+    LABS_CACHE=/tmp/labs-cache python tests/history/suite-time/check_cpu.py 3 02 FILE
 
 Busy core-seconds are the whole machine's (/proc/stat), so the numbers hold only on an otherwise quiet machine."""
 import subprocess
