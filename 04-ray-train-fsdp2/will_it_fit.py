@@ -22,18 +22,15 @@ import argparse
 import importlib
 import math
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/, run from anywhere
-from common.errors import fail  # noqa: E402
-from common.flags import Parser, add_fsdp2_flags  # noqa: E402
-from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model  # noqa: E402
-from common.torch_internals import FakeTensorMode, storage_key  # noqa: E402
-from common.training import make_optimizer  # noqa: E402
+from common.errors import fail
+from common.flags import Parser, add_fsdp2_flags
+from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model
+from common.torch_internals import FakeTensorMode, storage_key
+from common.training import make_optimizer
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
 ADAMW_STEP_BYTES = 4  # AdamW keeps a float32 step count per parameter tensor, beside its moments

@@ -15,7 +15,6 @@ the parameters' and gradients' rows, not the activations'. tables.py renders the
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,12 +22,10 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from common.flags import make_parser  # noqa: E402
-from common.model import TRANSFORMER_BLOCK, build_model  # noqa: E402
-from common.training import make_optimizer  # noqa: E402
+from benchmarks.record import describe_commit, describe_machine, made_by
+from common.flags import make_parser
+from common.model import TRANSFORMER_BLOCK, build_model
+from common.training import make_optimizer
 
 WAYS = {"as is": (False, 1), "checkpointed blocks": (True, 1), "4 micro-batches": (False, 4),
         "both": (True, 4)}  # name: (activation checkpointing, micro-batches)

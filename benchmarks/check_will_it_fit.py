@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections import Counter
 from datetime import timedelta
@@ -26,13 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from common.meter import state_bytes  # noqa: E402
-from common.model import TRANSFORMER_BLOCK, build_model  # noqa: E402
-from common.training import make_optimizer  # noqa: E402
-from labs.harness import free_port  # noqa: E402
+from benchmarks.record import ROOT, describe_commit, describe_machine, made_by
+from common.meter import state_bytes
+from common.model import TRANSFORMER_BLOCK, build_model
+from common.training import make_optimizer
+from labs.harness import free_port
 
 WORLD_SIZE = 2
 TIMEOUT_S = 300  # the collectives' deadline, and each run's

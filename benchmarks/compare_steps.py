@@ -12,23 +12,21 @@ import json
 import logging
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
-from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params  # noqa: E402
-from common.meter import summary_of  # noqa: E402
+from benchmarks.record import ROOT, Run, describe_commit, describe_machine, made_by, steady_images_per_s
+from benchmarks.tables import steps_results_markdown
+from common.meter import summary_of
+from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params
 
 SCRIPTS = {
     "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py", "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
@@ -39,26 +37,6 @@ KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignore
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
 # Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
 STEP_05_IN_CLASS = ["--num-workers", "1", "--num-samples", "4", "--epochs", "1", "--steps-per-epoch", "50"]
-
-
-@dataclass
-class Run:
-    name: str
-    section: str
-    step: str
-    workers: int
-    flags: list = field(default_factory=list)
-    skipped: str | None = None
-    status: str = "not run"
-    summary: dict | None = None
-    env: dict = field(default_factory=dict)
-    launch_to_first_step_s: float | None = None
-    imports_s: float | None = None
-    error: str | None = None
-    checkpoint_dir: str | None = None  # kept after the run (another run reads it), else a temporary one
-    side_by_side: bool = False  # runs at the same time as the side-by-side runs next to it
-    wall_s: float | None = None  # from starting the command to its JSON line: what the person waits
-    made_by: dict | None = None  # the command, date and commit that made it (several in an --update's results)
 
 
 def main():
@@ -114,8 +92,6 @@ def main():
     if previous:
         results = updated(previous, results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    from benchmarks.tables import steps_results_markdown  # here, not above: the renderer imports this module's Run
-
     (out / "results.md").write_text(steps_results_markdown(results))
     print(f"table: {out / 'results.md'} | logs: {out / 'logs'}")
     if any(r.status == "failed" for r in runs):
@@ -337,19 +313,6 @@ def last_error_line(log_path: Path) -> str:
     return (lines or ["no output"])[-1][:300]
 
 
-def steady_images_per_s(summary: dict) -> float:
-    """Epochs after the first when there are several: the first pays for warm-up (allocations, caches)."""
-    later = summary["history"][1:] or summary["history"]
-    return sum(h["images_per_s"] for h in later) / len(later)
-
-
-def evaluation_seconds(run: dict) -> float:
-    """A steps run's wall time per epoch outside training, after its first step: evaluation, the checkpoint, the
-    report and, once, the exit."""
-    s = run["summary"]
-    return (run["wall_s"] - run["launch_to_first_step_s"] - sum(h["epoch_time_s"] for h in s["history"])) / s["epochs"]
-
-
 def outcome_line(run: Run) -> str:
     s = run.summary
     if run.status != "ok":
@@ -361,33 +324,6 @@ def outcome_line(run: Run) -> str:
     state = sum((s.get("memory_per_rank") or [{}])[0].get(k, 0) for k in ("params_mb", "grads_mb", "optimizer_mb"))
     return (f"test acc {s['test_accuracy']:.2%}, {steady_images_per_s(s):,.0f} img/s, first step after "
             f"{run.launch_to_first_step_s:.1f} s" + (f", {state:,.0f} MB state on rank 0" if state else ""))
-
-
-def describe_machine() -> str:
-    """The processor (with its family and model: one name covers several generations), cores, RAM, GPUs, torch."""
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in Path(
-            "/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)}
-        cpu = f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')} model {info.get('model', '?')})"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, " + (f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU")
-            + f"; torch {torch.__version__}")
-
-
-def describe_commit(paths: tuple = ("common", *sorted(SCRIPTS.values())), what: str = "the steps") -> str:
-    """The code that runs: the commit, and whether paths (what, for a reader) had changes on top of it."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
-    return git("rev-parse", "--short", "HEAD") + (f" (with uncommitted changes to {what})" if changed else "")
-
-
-def made_by(commit: str) -> dict:
-    """The command (this benchmark's file name and its arguments), the date and the commit that made a result."""
-    return dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), date=time.strftime("%Y-%m-%d"),
-                commit=commit)
 
 
 def measure_ray_start() -> float:

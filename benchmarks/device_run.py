@@ -24,14 +24,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other
-from compare_steps import (Run, command, describe_commit, describe_machine, execute, made_by,  # noqa: E402
-                           outcome_line)
-from tables import device_run_markdown  # noqa: E402
-
-from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
+from benchmarks.compare_steps import command, execute, outcome_line
+from benchmarks.record import ROOT, Run, describe_commit, describe_machine, made_by
+from benchmarks.tables import device_run_markdown
+from common.model import DEFAULT_PRESET, PRESETS
 
 GLOBAL_BATCH = 128  # the steps' default, as in the published CPU tables
 CPU_EVAL_IMAGES = 128  # evaluation on the CPUs takes longer than the few training steps measured
@@ -82,7 +78,7 @@ def main():
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(BENCHMARKS / "results" / "device-run"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "device-run"))
     p.add_argument("--dry-run", action="store_true",
                    help="on CPU: check every planned command, run two at a tiny size, write the files")
     p.add_argument("--model", default=DEFAULT_PRESET, choices=PRESETS, help="every run's preset (default: the steps')")
@@ -152,7 +148,7 @@ def check_commands(runs: list, args) -> None:
     def refusals_in_a_fresh_process(visibility_and_entries: tuple) -> list:
         visibility, entries = visibility_and_entries
         env = {**os.environ, **({} if visibility is None else {"CUDA_VISIBLE_DEVICES": visibility})}
-        code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import device_run; device_run.print_refusals()"
+        code = "from benchmarks import device_run; device_run.print_refusals()"
         result = subprocess.run([sys.executable, "-c", code], input=json.dumps(entries), cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=300)
         try:

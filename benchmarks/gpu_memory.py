@@ -26,14 +26,12 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from benchmarks.check_will_it_fit import load_step04, wrap  # noqa: E402
-from common.meter import state_bytes  # noqa: E402
-from common.model import build_model  # noqa: E402
-from common.training import make_optimizer  # noqa: E402
-from labs.harness import free_port  # noqa: E402
+from benchmarks.record import ROOT, describe_commit, describe_machine, made_by
+from benchmarks.check_will_it_fit import load_step04, wrap
+from common.meter import state_bytes
+from common.model import build_model
+from common.training import make_optimizer
+from labs.harness import free_port
 
 RUN_TIMEOUT_S = 180  # one run's process, its collectives' deadline within it
 # name -> (strategy, FSDP2's bf16, FSDP2's offload, autocast, AdamW's implementation: None is the steps' own)

@@ -16,10 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/, labs/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from labs.check import LABS  # noqa: E402
+from benchmarks.record import ROOT, describe_commit, describe_machine, made_by
+from labs.check import LABS
 
 
 def main():

@@ -11,18 +11,16 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/, also without `pip install -e .`
-from common.model import DEFAULT_PRESET, PRESETS  # noqa: E402
-from common.profiling import WARMUP_STEPS  # noqa: E402
-from compare_steps import Run, command, describe_commit, describe_machine, execute, made_by  # noqa: E402
-from tables import write_profile_report  # noqa: E402
-from trace_analysis import summarize  # noqa: E402
+from benchmarks.compare_steps import command, execute
+from benchmarks.record import ROOT, Run, describe_commit, describe_machine, made_by
+from benchmarks.tables import write_profile_report
+from benchmarks.trace_analysis import summarize
+from common.model import DEFAULT_PRESET, PRESETS
+from common.profiling import WARMUP_STEPS
 
 VARIANTS = {  # name: (step, flags, title)
     "ddp": ("ray_ddp", [], "DDP (step 02)"),

@@ -11,15 +11,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
-from benchmarks.tables import cpu_share_markdown  # noqa: E402
+from benchmarks.record import describe_machine
+from benchmarks.tables import cpu_share_markdown
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -35,12 +35,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_commit, describe_machine, made_by  # noqa: E402
-from benchmarks.ray_overhead import TICKS, machine_ticks  # noqa: E402
-from common.meter import summary_of  # noqa: E402
-from slides.rehearse import wait_until_quiet  # noqa: E402  the rehearsal's: each run on cores of its own
+from benchmarks.ray_overhead import TICKS, machine_ticks
+from benchmarks.record import ROOT, describe_commit, describe_machine, made_by, wait_until_quiet
+from common.meter import summary_of
 
 CUT = ["--model", "tiny", "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--eval-images", "64"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -14,15 +14,12 @@ import json
 import math
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_steps import Run, evaluation_seconds, steady_images_per_s  # noqa: E402
-from trace_analysis import PHASES, load_trace, profiled_steps, step_parts  # noqa: E402
-
-from common.flags import TRAIN_SIZES  # noqa: E402
+from benchmarks.markdown import table
+from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
+from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
+from common.flags import TRAIN_SIZES
 
 PUBLISHED = ROOT / "benchmarks" / "published"
 STEPS = PUBLISHED / "steps" / "results.json"
@@ -49,13 +46,6 @@ RUN_NAMES = {
 # Each strategy's memory run of the largest preset on 2 workers (torchrun's DDP and Ray's hold the same state)
 GIANT_ON_TWO = {"ddp": "memory_ddp_n2", "ray_ddp": "memory_ddp_n2", "ray_fsdp": "memory_fsdp1_n2",
                 "ray_fsdp2": "memory_fsdp2_n2"}
-
-
-def table(heading: list, rows) -> list:
-    """A Markdown table's lines: the heading, its rule, a line per row (an empty cell is `| |`)."""
-    def cells(row):
-        return "|" + "".join(f" {cell} |" if cell != "" else " |" for cell in row)
-    return [cells(heading), "|---" * len(heading) + "|"] + [cells(row) for row in rows]
 
 
 def runs(results: dict, section: str) -> list:
@@ -499,22 +489,6 @@ def profile_results_markdown(results: dict) -> str:
             "FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they issue it (no CUDA streams to "
             "overlap on), and gloo has no reduce-scatter: it all-reduces the whole tensor and keeps its slice. A "
             "collective's time includes waiting for the slower rank."]) + "\n"
-
-
-def profile_table(results: dict) -> list:
-    """A row per variant and rank; a failed variant's row gives its error."""
-    rows = []
-    for v in results["variants"]:
-        if v["status"] != "ok":
-            rows.append([v["title"], "", v["error"], "", "", "", "", "", ""])
-        for rank in v["ranks"]:
-            m = rank["mean"]
-            share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
-            calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms" for kind, c in m["collectives"].items())
-            rows.append([v["title"], rank["rank"], *(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES), calls,
-                         f"{m['overlapped_ms']:.1f} of {m['communication_ms']:.1f} ms ({share:.0%})"])
-    return table(["variant", "rank", "step", "forward", "backward", "optimizer", "other", "communication per step",
-                  "overlapped"], rows)
 
 
 

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from benchmarks.markdown import table
+
 AUTOGRAD_FUNCTION = "autograd::engine::evaluate_function"
 PHASES = ("step", "forward", "backward", "optimizer", "other")
 KINDS = {"reducescatter": "reduce_scatter", "allreduce": "all_reduce", "allgather": "all_gather",
@@ -222,12 +224,26 @@ def total(intervals: list[tuple]) -> float:
     return sum(end - start for start, end in intervals)
 
 
+def profile_table(results: dict) -> list:
+    """A row per variant and rank; a failed variant's row gives its error."""
+    rows = []
+    for v in results["variants"]:
+        if v["status"] != "ok":
+            rows.append([v["title"], "", v["error"], "", "", "", "", "", ""])
+        for rank in v["ranks"]:
+            m = rank["mean"]
+            share = m["overlapped_ms"] / m["communication_ms"] if m["communication_ms"] else 0
+            calls = "; ".join(f"{kind}: {c['calls']:g} calls, {c['ms']:.1f} ms" for kind, c in m["collectives"].items())
+            rows.append([v["title"], rank["rank"], *(f"{m[f'{phase}_ms']:.0f}" for phase in PHASES), calls,
+                         f"{m['overlapped_ms']:.1f} of {m['communication_ms']:.1f} ms ({share:.0%})"])
+    return table(["variant", "rank", "step", "forward", "backward", "optimizer", "other", "communication per step",
+                  "overlapped"], rows)
+
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit("usage: python benchmarks/trace_analysis.py RUN_FOLDER")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tables import profile_table  # the published profile's table, one variant: this run
-
     ranks = summarize(sys.argv[1])["ranks"]
     print(f"{len(ranks[0]['steps'])} profiled optimizer steps, ms per step (mean); traces (ui.perfetto.dev): "
           f"{Path(sys.argv[1], 'profile')}/rank<r>.json.gz")

@@ -33,14 +33,14 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.record import ROOT, describe_commit, describe_machine, wait_until_quiet
+from benchmarks.tables import changed_lines as counted_lines
 DECK = ROOT / "slides" / "workshop.md"
 APPENDIX = "Appendix"
 MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
@@ -158,9 +158,7 @@ def talk_words(slide: Slide) -> int:
 
 def changed_lines(diff_command: str) -> int:
     """The changed lines of a `diff -u OLD NEW` command, counted as the README's comparison table counts them."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from tables import changed_lines as counted
-    return counted(*shlex.split(diff_command)[-2:])
+    return counted_lines(*shlex.split(diff_command)[-2:])
 
 
 def slide_budget(slide: Slide, runs: list) -> dict:
@@ -200,17 +198,6 @@ def as_run(command: str, out: Path, data_dir: str | None) -> list:
     if name in WRITES_OUT and "--out" not in words:
         words += ["--out", str(out / "results" / Path(script).parent.name)]
     return words
-
-
-QUIET_BELOW = 1.0  # the 1-minute load average each run waits for: the cores its own, as in the room
-
-
-def wait_until_quiet(limit_s: float = 600) -> float:
-    """The 1-minute load average once it is below QUIET_BELOW, or as it is after limit_s (then recorded as such)."""
-    deadline = time.monotonic() + limit_s
-    while os.getloadavg()[0] >= QUIET_BELOW and time.monotonic() < deadline:
-        time.sleep(5)
-    return round(os.getloadavg()[0], 2)
 
 
 RUN_DEADLINE_S = 600  # twice the longest slot: a run past it is stopped, with everything it started, and fails
@@ -352,8 +339,6 @@ def ray_start_line() -> list:
 
 def machine() -> tuple:
     """The machine and the code, as benchmarks/compare_steps.py records them for its runs."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from compare_steps import describe_commit, describe_machine
     return describe_machine(), describe_commit()
 
 

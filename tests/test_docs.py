@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.record import evaluation_seconds, steady_images_per_s
 from common.meter import HEADLINE
-from checks import load_script
 from conftest import ROOT, parse_only
 
 DOCUMENTS = sorted({p for pattern in ("README.md", "0*/README.md", "TROUBLESHOOTING.md", "tests/README.md",
@@ -143,8 +143,6 @@ def test_the_launcher_check_tells_a_bad_option_apart():
 
 # --- what a command costs ---------------------------------------------------------------------------------------
 
-steady_images_per_s, evaluation_seconds = (getattr(load_script("benchmarks/compare_steps.py"), name)
-                                           for name in ("steady_images_per_s", "evaluation_seconds"))
 STEPS_RESULTS = json.loads((ROOT / "benchmarks/published/steps/results.json").read_text())
 PUBLISHED = {run["name"]: run for run in STEPS_RESULTS["runs"] if run["status"] == "ok"}
 STATED = re.compile(r"#.*\babout (\d+) min\b")

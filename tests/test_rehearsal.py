@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from benchmarks.record import QUIET_BELOW
 from checks import load_script
 from conftest import ROOT
 
@@ -139,7 +140,7 @@ def test_a_slide_budget_counts_the_notes_the_typing_the_run_and_the_diff():
 
 def test_every_published_run_started_with_the_cores_to_itself():
     busy = [f"{c['command']}: load average {c['load_average_at_start']}" for c in published()["commands"]
-            if not c["command"].startswith("diff") and c["load_average_at_start"] >= rehearse.QUIET_BELOW]
+            if not c["command"].startswith("diff") and c["load_average_at_start"] >= QUIET_BELOW]
     assert not busy, "rehearse again on a quiet machine:\n" + "\n".join(busy)
 
 

@@ -29,10 +29,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # common/ and benchmarks/, also without `pip install -e .`
-from benchmarks.compare_steps import describe_machine  # noqa: E402
-from common.tracking import RAY_RUN_TAG, absolute_uri  # noqa: E402
+from benchmarks.record import ROOT, describe_machine
+from common.tracking import RAY_RUN_TAG, absolute_uri
 
 VARIANT = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
 EXPERIMENT = "ray_ddp_mlflow"  # the variant's STEP: its MLflow experiment

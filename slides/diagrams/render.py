@@ -16,9 +16,9 @@ from pathlib import Path
 
 from PIL import Image
 
+from style import SCALE  # this folder's: a script's own folder is first on its import path
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from style import SCALE  # noqa: E402
 
 SCRIPTS = ["ddp.py", "fsdp.py", "ring-allreduce.py", "torchrun-vs-ray.py", "memory.py", "throughput.py", "sweep.py",
            "profile.py"]

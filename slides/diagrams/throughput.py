@@ -21,7 +21,7 @@ runs = [r for r in doc["runs"] if r["section"] == "steps" and r["status"] == "ok
 
 
 def steady(summary):
-    """compare_steps.steady_images_per_s: the epochs after the first, when there are several."""
+    """benchmarks.record.steady_images_per_s: the epochs after the first, when there are several."""
     later = summary["history"][1:] or summary["history"]
     return sum(h["images_per_s"] for h in later) / len(later)
 
