@@ -23,16 +23,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import steps as registry
 from benchmarks.record import ROOT, Run, describe_commit, describe_machine, made_by, steady_images_per_s
 from benchmarks.tables import steps_results_markdown
 from common.meter import summary_of
 from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params
 
-SCRIPTS = {
-    "single_machine": "01-vanilla-pytorch-ddp/train_single_machine.py", "ddp": "01-vanilla-pytorch-ddp/train_ddp.py",
-    "ray_ddp": "02-ray-train-ddp/train_ray_ddp.py", "ray_ddp_data": "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
-    "ray_fsdp": "03-ray-train-fsdp/train_ray_fsdp.py", "ray_fsdp2": "04-ray-train-fsdp2/train_ray_fsdp2.py",
-    "ray_tune": "05-ray-tune/tune_ray_ddp.py", "inference": "06-ray-data-inference/batch_inference.py"}
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
 # Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
@@ -241,7 +237,7 @@ def start_memory_cluster(args, runs) -> str | None:
 
 
 def command(run: Run, args, address: str | None) -> list:
-    script = str(ROOT / SCRIPTS[run.step])
+    script = str(ROOT / registry.step(run.step).script)
     data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
     at = ["--address", address] if address else []
     if run.step in ("inference", "ray_tune"):  # their own data defaults; their tables go to a scratch folder

@@ -9,13 +9,13 @@ hand: tests/test_tables.py renders every region again and fails when a document 
 results.md are drawn here too.
 """
 import argparse
-import ast
 import json
 import math
 import re
 import subprocess
 from pathlib import Path
 
+from benchmarks import steps as registry
 from benchmarks.markdown import table
 from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
 from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
@@ -192,21 +192,14 @@ def path_table(results: dict) -> list:
             + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"])
 
 
-COMPARED = [("ddp", "torchrun DDP (01)", "torchrun DDP", "01-vanilla-pytorch-ddp/train_ddp.py"),  # and on a slide
-            ("ray_ddp", "Ray DDP (02)", "Ray DDP", "02-ray-train-ddp/train_ray_ddp.py"),
-            ("ray_fsdp", "Ray FSDP1 (03)", "FSDP1", "03-ray-train-fsdp/train_ray_fsdp.py"),
-            ("ray_fsdp2", "Ray FSDP2 (04)", "FSDP2", "04-ray-train-fsdp2/train_ray_fsdp2.py")]
-BY_HAND = {"ddp": "process group, sampler and `set_epoch`, DDP wrap, metric reduction, rank-0 output, launch "
-                  "on every node, resuming after a restart",
-           "ray_ddp": "`set_epoch`, metric reduction, a report on every rank",
-           "ray_fsdp": "as 02, plus the full-state gather for checkpoints",
-           "ray_fsdp2": "as 02, plus `fully_shard` per block, meta-device build, sharded checkpoints (DCP)"}
-FAULTS = {"ddp": "`torchrun --max-restarts N` restarts every rank on the same nodes; the script must resume from "
-                 "its own checkpoint, as step 01 does (tested)",
-          "ray_ddp": "the worker group restarts from the last checkpoint, on the nodes the cluster has then; runs "
-                     "kept by name in checkpoint storage (tested)",
-          "ray_fsdp": "restarts from the last checkpoint (tested)",
-          "ray_fsdp2": "restarts, and resumes on another number of workers (tested)"}
+def compared() -> list:
+    """The steps that are columns of the comparison table and slide (the registry: benchmarks/steps.py)."""
+    return [s for s in registry.STEPS if s.by_hand]
+
+
+def short_label(step: registry.Step) -> str:
+    """A slide's column: the label without its step number."""
+    return re.sub(r" \(\d+\)$", "", step.label)
 
 
 def changed_lines(old: str, new: str) -> int:
@@ -218,29 +211,28 @@ def comparison_table(results: dict) -> list:
     """torchrun DDP, Ray DDP, Ray FSDP1 and FSDP2 side by side: every cell counted in the scripts, measured in the
     steps and memory sections, or a behaviour the tests check."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
-    previous = designed_pairs()  # the step before each script
-
     def row(label, cell):
-        return [label] + [cell(name, script) for name, _, _, script in COMPARED]
+        return [label] + [cell(s.name, s.script) for s in compared()]
 
     def measured_cell(value):
         return lambda name, script: value(steps[name]) if name in steps else "-"
     rows = [row("lines in the script", lambda name, script: len((ROOT / script).read_text().splitlines())),
             row("lines changed from the step before (`diff -u`)",
-                lambda name, script: changed_lines(previous[script], script)),
-            row("what you write by hand", lambda name, script: BY_HAND[name]),
-            row("fault tolerance", lambda name, script: FAULTS[name]),
+                lambda name, script: changed_lines(registry.step(name).grows_from, script)),
+            row("what you write by hand", lambda name, script: registry.step(name).by_hand),
+            row("fault tolerance", lambda name, script: registry.step(name).faults),
             row("parameters + gradients + AdamW state per rank",
                 measured_cell(lambda r: f"{state_mb(r.summary):,.1f} MB")),
             row("the largest preset on 2 workers", lambda name, script: outcome(
-                memory.get(GIANT_ON_TWO[name]), lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
+                memory.get(GIANT_ON_TWO.get(name)),
+                lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
                 "does not fit", "killed: out of memory",
                 "trained its step, killed saving its checkpoint: out of memory")),
             row("launch to first step", measured_cell(lambda r: f"{r.launch_to_first_step_s:.1f} s")),
             row("training images/s, 2 processes", measured_cell(speed))]
     first = next(iter(steps.values())).summary if steps else {}
     trained = epochs_trained(results, first) if first else "one epoch"
-    return table([""] + [title for _, title, _, _ in COMPARED], rows) + [
+    return table([""] + [s.label for s in compared()], rows) + [
         "", f"{trained.capitalize()} of `{first.get('model')}`, global batch {first.get('global_batch_size')}; the "
             f"largest preset, `giant`, for one step. Measured on {measured_on(results)}."
             + (" " + ray_start_summary(json.loads(RAY_START_LEVERS.read_text())) if RAY_START_LEVERS.exists()
@@ -668,48 +660,30 @@ def memory_slide(results: dict) -> list:
 def comparison_slide(results: dict) -> list:
     """"Which one when", measured: the four strategies side by side, in cells short enough for a slide."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
-    ips = {n: steady_images_per_s(steps[n].summary) for n, *_ in COMPARED if n in steps}
+    ips = {s.name: steady_images_per_s(steps[s.name].summary) for s in compared() if s.name in steps}
 
     def row(label, cell):
-        return [label] + [cell(n) for n, *_ in COMPARED]
+        return [label] + [cell(s.name) for s in compared()]
     rows = [row("images/s, 2 ranks", lambda n: f"{ips[n]:,.0f}" if n in ips else "-"),
             row("of torchrun's", lambda n: f"{ips[n] / ips['ddp']:.2f}" if n in ips and "ddp" in ips else "-"),
             row("first step", lambda n: f"{steps[n].launch_to_first_step_s:.1f} s" if n in steps else "-"),
-            row("`giant`, 2 ranks", lambda n: outcome(memory.get(GIANT_ON_TWO[n]),
+            row("`giant`, 2 ranks", lambda n: outcome(memory.get(GIANT_ON_TWO.get(n)),
                                                       lambda r: f"{state_mb(r.summary) / 1024:.1f} GiB each",
                                                       "does not fit", "killed", "killed saving")),
             # Both restart every rank: torchrun --max-restarts leaves finding the checkpoint to the script, Ray Train
             # hands the last reported one to the new workers (ray.train.get_checkpoint()).
             row("a crash", lambda n: "you resume" if n == "ddp" else "Ray resumes")]
     first = next(iter(steps.values())).summary if steps else {}
-    return table([""] + [title for _, _, title, _ in COMPARED], rows) + [
+    return table([""] + [short_label(s) for s in compared()], rows) + [
         "", f"{slide_measured_on(results)}: `{first.get('model')}`"]
-
-
-# Each designed pair's lesson, by its newer script, in the slide's order; the pairs themselves are tests/test_diffs.py's
-# DESIGNED_PAIRS, which bounds each diff.
-LESSONS = {"01-vanilla-pytorch-ddp/train_ddp.py": "01 one process → torchrun DDP",
-           "02-ray-train-ddp/train_ray_ddp.py": "01 torchrun DDP → 02 Ray Train DDP",
-           "02-ray-train-ddp/train_ray_ddp_with_ray_data.py": "02 DataLoader → Ray Data",
-           "03-ray-train-fsdp/train_ray_fsdp.py": "02 DDP → 03 FSDP1",
-           "04-ray-train-fsdp2/train_ray_fsdp2.py": "02 DDP → 04 FSDP2",
-           "02-ray-train-ddp/train_ray_ddp_with_mlflow.py": "02 → 02 with MLflow tracking"}
-
-
-def designed_pairs() -> dict:
-    """tests/test_diffs.py's DESIGNED_PAIRS as {newer script: older script}, read without importing the tests."""
-    tree = ast.parse((ROOT / "tests" / "test_diffs.py").read_text())
-    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
-               and any(getattr(target, "id", None) == "DESIGNED_PAIRS" for target in node.targets)]
-    return {new: old for old, new, *_ in ast.literal_eval(value)}
 
 
 def diffs_slide(results: dict) -> list:
     """The designed diffs and their size, counted in the scripts now (the results are not read)."""
-    pairs = designed_pairs()
     return table(["the lesson", "lines changed"], [
-        [lesson, changed_lines(pairs[new], new) if (ROOT / pairs[new]).is_file() and (ROOT / new).is_file()
-         else "not written yet"] for new, lesson in LESSONS.items()])
+        [s.lesson, changed_lines(s.grows_from, s.script)
+         if (ROOT / s.grows_from).is_file() and (ROOT / s.script).is_file() else "not written yet"]
+        for s in registry.STEPS if s.grows_from])
 
 
 def activations_table(results: dict) -> list:

@@ -18,13 +18,12 @@ from checks import final_json, load_script  # noqa: E402
 from processes import ROOT, python, torchrun  # noqa: E402
 from suite_rules import time_limit  # noqa: E402
 
+from benchmarks.steps import step  # noqa: E402
 from common.meter import summary_of  # noqa: E402
 
 pytest_plugins = ["suite_rules", "early"]
-SINGLE = "01-vanilla-pytorch-ddp/train_single_machine.py"
-RAY_DDP = "02-ray-train-ddp/train_ray_ddp.py"
-RAY_FSDP2 = "04-ray-train-fsdp2/train_ray_fsdp2.py"
-TUNE = "05-ray-tune/tune_ray_ddp.py"
+SINGLE, DDP, RAY_DDP, RAY_FSDP2, TUNE = (step(name).script for name in (  # the registry's: benchmarks/steps.py
+    "single_machine", "ddp", "ray_ddp", "ray_fsdp2", "ray_tune"))
 # Tiny, fast settings on the synthetic data: 2 epochs of 6 steps. In so few steps the recipe's lr 2e-3 often
 # leaves the conv stem at chance; at 1e-3 three data orders reached 36-41% test accuracy (on 256 images). Evaluated
 # on the first EVAL_IMAGES of the 1,024 synthetic test images, each scored twice (itself and its mirror): a run
@@ -234,7 +233,7 @@ def single_run(tmp_path_factory):
 def ddp_run(tmp_path_factory):
     """One torchrun DDP run (2 processes) that steps 01 and 02 compare against."""
     checkpoint_dir = tmp_path_factory.mktemp("ddp")
-    result = torchrun("01-vanilla-pytorch-ddp/train_ddp.py", 2, *SMOKE, *ACCUMULATE, *PROFILE, "--checkpoint-dir",
+    result = torchrun(DDP, 2, *SMOKE, *ACCUMULATE, *PROFILE, "--checkpoint-dir",
                       str(checkpoint_dir))
     return final_json(result), checkpoint_dir, result
 

@@ -5,32 +5,13 @@ import subprocess
 
 import pytest
 
+from benchmarks.steps import designed_pairs
 from conftest import ROOT
 
-# (older script, newer script, most changed lines, lines that must be in the diff: the lesson itself)
-DESIGNED_PAIRS = [
-    ("01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py", 70,
-     ["+    model = DistributedDataParallel(model)  # on a GPU: the device set_device chose",
-      '+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0',
-      "+            with contextlib.nullcontext() if last_micro_batch else model.no_sync():"]),
-    ("01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py", 132,
-     ["+        ray.init(address=args.address, **init_options(args.address),",
-      "+    model = ray.train.torch.prepare_model(model)",
-      "+    train_loader = ray.train.torch.prepare_data_loader(train_loader)",
-      "+            ray.train.report(history[-1], checkpoint=checkpoint)"]),
-    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", 82,
-     ["+        datasets={\"train\": train_dataset(data, args.seed)},"]),
-    ("02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_mlflow.py", 48,
-     ["+        tracked = find_or_create_run(STEP, ray.train.get_context().get_experiment_name())",
-      "+        mlflow.start_run(run_id=tracked.info.run_id)",
-      "+            mlflow.log_metrics(metrics, step=h[\"epoch\"])  # one transaction: the whole epoch or none",
-      "+            mlflow.log_artifact(str(Path(folder) / \"model.pt\"))"]),
-    ("02-ray-train-ddp/train_ray_ddp.py", "03-ray-train-fsdp/train_ray_fsdp.py", 66,
-     ['+            model, parallel_strategy="fsdp",']),
-    ("02-ray-train-ddp/train_ray_ddp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py", 148,
-     ["+    shard_model(model, args, device)  # replaces prepare_model; the optimizer must come after it",
-      "+            model.set_requires_gradient_sync(last_micro_batch)"]),
-]
+# (older script, newer script, most changed lines, lines that must be in the diff: the lesson itself), from the
+# registry of the steps (benchmarks/steps.py)
+DESIGNED_PAIRS = designed_pairs()
+
 # Read on a projector: the step scripts stay within 100 columns (common/, tests/ and benchmarks/ within ruff's 120).
 STEP_SCRIPTS = sorted(ROOT.glob("0[1-6]-*/*.py"))
 PROJECTOR_COLUMNS = 100

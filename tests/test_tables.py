@@ -95,3 +95,29 @@ def test_the_profile_timeline_and_table_are_drawn_from_the_traces(tmp_path):
         assert (f"| DDP (step 02) | {rank} | 100 | 35 | 43 | 10 | 12 | all_reduce: 1 calls, 24.0 ms | "
                 f"8.0 of 24.0 ms (33%) |") in table
     assert "| FSDP1 (step 03) | | FAILED (boom) | | | | | | |" in table
+
+
+def test_a_step_added_to_the_registry_reaches_the_benchmark_the_tables_and_the_diff_tests(monkeypatch):
+    """benchmarks/steps.py is the one list of the steps: one entry, and compare_steps.py runs it, the comparison
+    table and slide show its column, the diffs slide its lesson and size, and tests/test_diffs.py bounds its diff
+    (its DESIGNED_PAIRS are the registry's). The fake step reuses a real script: its folder is not the point."""
+    from benchmarks import compare_steps, steps
+    from benchmarks import tables as rendered  # the package's, which reads the registry the test changes
+
+    fake = steps.Step("fake", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py", "Fake TP (07)",
+                      grows_from="04-ray-train-fsdp2/train_ray_fsdp2.py", lesson="04 FSDP2 → 07 fake", diff_bound=400,
+                      diff_shows=("+        datasets={\"train\": train_dataset(data, args.seed)},",),
+                      by_hand="a plan per layer", faults="as 04")
+    monkeypatch.setattr(steps, "STEPS", [*steps.STEPS, fake])
+    monkeypatch.setattr("sys.argv", ["compare_steps.py", "--data", "synthetic"])
+    run = compare_steps.Run("fake", "steps", "fake", 2)
+    assert str(ROOT / fake.script) in compare_steps.command(run, compare_steps.parse_args(), None)
+    published = json.loads(rendered.STEPS.read_text())
+    assert rendered.comparison_table(published)[0].endswith("| Fake TP (07) |")
+    assert "| a plan per layer |" in "\n".join(rendered.comparison_table(published))
+    assert rendered.comparison_slide(published)[0].endswith("| Fake TP |")
+    [lesson] = [line for line in rendered.diffs_slide(published) if "fake" in line]
+    assert lesson.startswith("| 04 FSDP2 → 07 fake | ") and lesson.split("|")[2].strip().isdigit()
+    diffs = load_script("tests/test_diffs.py")
+    assert (fake.grows_from, fake.script, 400, list(fake.diff_shows)) in steps.designed_pairs()
+    diffs.test_designed_pair_shows_its_lesson_and_stays_small(*steps.designed_pairs()[-1])
