@@ -13,6 +13,7 @@ from pathlib import Path
 
 import ray
 
+from common.ray_internals import REPORT_MODULE
 from common.worker_setup import setup_worker as setup_ray_worker
 
 FOLDER, WATCHED = "LABS_WATCH_FOLDER", "LABS_WATCHED"  # the environment Ray hands on to the job's processes
@@ -128,7 +129,7 @@ WATCHERS = {
     "build_model": (watched_build_model, ["common.model"]),
     "evaluate": (watched_evaluate, ["common.training"]),
     "load_data": (watched_load_data, ["common.data"]),
-    "report": (watched_report, ["ray.train.v2.api.train_fn_utils", "ray.train"]),
+    "report": (watched_report, [REPORT_MODULE, "ray.train"]),
 }
 
 

@@ -1,6 +1,7 @@
 """common/ray_internals.py: every private name of Ray that the steps use still names what it did in the installed
 Ray. A Ray release that moves one fails here, by name, rather than as a console that is suddenly noisy, a traceback
 printed whole, or a progress bar drawn twice."""
+import importlib
 import importlib.util
 import inspect
 import logging
@@ -37,6 +38,12 @@ def test_reports_are_logged_under_the_path_of_their_source_file():
     source = Path(ray_internals.REPORT_LOGGER)
     assert source.is_file() and "logger = logging.getLogger(__file__)" in source.read_text()
     assert "def report(" in source.read_text()
+
+
+def test_ray_train_report_is_defined_where_the_labs_watch_it():
+    import ray.train
+
+    assert importlib.import_module(ray_internals.REPORT_MODULE).report is ray.train.report
 
 
 def test_the_console_handler_and_the_worker_log_path_exist():
