@@ -23,9 +23,9 @@ from common.data import augment_batch, load_data
 from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import build_model, count_params
-from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu
 from common.ray_setup import crash_one_worker, init_options, print_best, progress_bar, run_folder
-from common.ray_setup import run_name
+from common.ray_setup import run_name, worker_setup
 from common.training import epoch_line, evaluate, gather_from_ranks, load_checkpoint, make_optimizer
 from common.training import make_scheduler, peak_memory_mb, save_checkpoint, this_node
 
@@ -43,7 +43,7 @@ def main():
         # Not Ray's defaults (init_options): its own log lines off, the controller polling every
         # 0.2 s, not 2 s (each report waits for a poll). README.md in step 02: Console.
         ray.init(address=args.address, **init_options(args.address),
-                 runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
+                 runtime_env={"py_modules": common.__path__, **worker_setup()})
     use_gpu = check_cluster_and_choose_gpu(args)
     trainer = TorchTrainer(
         train_func,

@@ -28,8 +28,8 @@ import common
 from common.data import load_data
 from common.errors import fail
 from common.flags import REPOSITORY, make_parser
-from common.ray_setup import WORKER_SETUP, add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.ray_setup import run_name
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import run_name, worker_setup
 # What the sweep needs beyond the lesson: a workaround, its console lines, its table and plot.
 from common.sweep import FreeStoppedTrialsWorkers, PrintTrialProgress, check_sweep_flags
 from common.sweep import cluster_description, describe_trial, noise_command, note_placement_groups
@@ -94,7 +94,7 @@ def main():
     name = run_name(STEP, args)  # with --resume, the newest sweep's
     # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
+             runtime_env={"py_modules": common.__path__, **worker_setup()})
     args.use_gpu = check_cluster_and_choose_gpu(args)
     sweep = Path(args.checkpoint_dir, name)
     trainable = ray.tune.with_resources(run_trial, TRIAL_RESOURCES)

@@ -44,8 +44,8 @@ from common.training import predict
 from common.flags import Parser, REPOSITORY, add_data_flags, check_data_flags, flag_value
 from common.inference import CLASSES, check_a_cpu_is_left_to_read, decode_image, find_checkpoint
 from common.inference import image_files, load_weights, report_evaluation, report_folder
-from common.ray_setup import WORKER_SETUP, add_cluster_flags, check_cluster_and_choose_gpu
-from common.ray_setup import init_options
+from common.ray_setup import add_cluster_flags, check_cluster_and_choose_gpu
+from common.ray_setup import init_options, worker_setup
 
 STEP = "ray_data_inference"
 
@@ -79,7 +79,7 @@ def main():
 
     # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
-             runtime_env={"py_modules": common.__path__, **WORKER_SETUP})
+             runtime_env={"py_modules": common.__path__, **worker_setup()})
     # Ray Data's INFO and WARNING lines; not its progress bar.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     use_gpu = check_cluster_and_choose_gpu(args, "--actors", cpu_each=True)

@@ -92,11 +92,15 @@ def init_options(address: str) -> dict:
                 logging_config=ray.LoggingConfig(log_level="ERROR"))
 
 
-# The job's runtime_env beyond the code it ships (ray.init's runtime_env in every Ray step): prints from workers
-# reach the console at once, and every process of the job runs setup_worker first.
 DRIVER = "WORKSHOP_RAY_DRIVER"  # the driver's node address and process id, for progress_bar
-WORKER_SETUP = {"env_vars": {"PYTHONUNBUFFERED": "1", DRIVER: f"{ray.util.get_node_ip_address()} {os.getpid()}"},
-                "worker_process_setup_hook": "common.worker_setup.setup_worker"}
+
+
+def worker_setup() -> dict:
+    """The job's runtime_env beyond the code it ships (ray.init's runtime_env in every Ray step), called by the
+    driver: prints from workers reach the console at once, every process of the job runs setup_worker first, and
+    knows the driver (for progress_bar)."""
+    return {"env_vars": {"PYTHONUNBUFFERED": "1", DRIVER: f"{ray.util.get_node_ip_address()} {os.getpid()}"},
+            "worker_process_setup_hook": "common.worker_setup.setup_worker"}
 
 
 def progress_bar(batches, total: int, desc: str, show: bool):

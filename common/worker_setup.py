@@ -1,4 +1,4 @@
-"""What every process of a Ray step's job runs first (ray.init's runtime_env, common.ray_setup.WORKER_SETUP). No
+"""What every process of a Ray step's job runs first (ray.init's runtime_env, common.ray_setup.worker_setup()). No
 torch here: Ray sets a worker's OMP_NUM_THREADS (its CPUs) only after the setup hook runs, and torch reads it once,
 on import."""
 import logging

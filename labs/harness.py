@@ -289,15 +289,16 @@ def start_ray(address: str, watched: dict | None = None, cpus: int = 2, **enviro
     variables). The environment is set first: Ray Train hands it on to its controller and workers."""
     import ray
 
-    from common.ray_setup import WORKER_SETUP, init_options
+    from common.ray_setup import init_options, worker_setup
 
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
                       **environment)
     started_here = dict(num_cpus=cpus, include_dashboard=False) if address == "local" else {}
     python_path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env_vars = {**WORKER_SETUP["env_vars"], "PYTHONPATH": python_path, **(watched or {})}
+    job = worker_setup()
+    env_vars = {**job["env_vars"], "PYTHONPATH": python_path, **(watched or {})}
     ray.init(address=address, **started_here, **init_options(address),
-             runtime_env={**WORKER_SETUP, "env_vars": env_vars, "worker_process_setup_hook": "labs.watch.setup_worker"})
+             runtime_env={**job, "env_vars": env_vars, "worker_process_setup_hook": "labs.watch.setup_worker"})
 
 
 def ray_error(error: Exception) -> str:

@@ -133,11 +133,11 @@ def test_each_ray_script_names_its_runs_after_itself(monkeypatch):
 def test_every_process_of_a_ray_steps_job_asks_its_own_cluster_not_the_newest_on_the_machine(ray_cluster):
     """Train's placement-group cleaner asks Ray's state API, without an address, whether the controller lives: with
     another Ray started later on the machine (a test cluster, `ray start`) that then stopped, the query timed out and
-    a Ray traceback reached the attendee's console. The steps' job (WORKER_SETUP) names its own cluster in every
+    a Ray traceback reached the attendee's console. The steps' job (worker_setup()) names its own cluster in every
     process, here a task's; and its setup hook leaves torch unimported, so that the task trains with as many threads
     as it has CPUs (1), as Ray sets them after the hook (the runs of steps 02 and 01 then end equal bit for bit)."""
-    driver = ("import os, ray, common\nfrom common.ray_setup import WORKER_SETUP\n"
-              f"ray.init(address={ray_cluster!r}, runtime_env={{'py_modules': [common], **WORKER_SETUP}})\n"
+    driver = ("import os, ray, common\nfrom common.ray_setup import worker_setup\n"
+              f"ray.init(address={ray_cluster!r}, runtime_env={{'py_modules': [common], **worker_setup()}})\n"
               "print(ray.get_runtime_context().gcs_address)\n"
               "def job():\n    import torch\n    return os.environ.get('RAY_ADDRESS'), torch.get_num_threads()\n"
               "print(*ray.get(ray.remote(num_cpus=1)(job).remote()))\n")
