@@ -16,13 +16,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from common.checkpoints import load_checkpoint, save_checkpoint
 from common.data import augment_batch, load_data
+from common.faults import crash_one_rank
 from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import build_model, count_params
-from common.training import crash_one_rank, epoch_line, evaluate, gather_from_ranks, load_checkpoint
-from common.training import make_optimizer, make_scheduler, peak_memory_mb, save_checkpoint
-from common.training import this_node
+from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
+from common.training import peak_memory_mb, this_node
 
 STEP = "ddp"
 

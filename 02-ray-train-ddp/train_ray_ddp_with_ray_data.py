@@ -19,15 +19,16 @@ from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig,
 from ray.train.torch import TorchTrainer
 
 import common
+from common.checkpoints import load_checkpoint, save_checkpoint
 from common.data import augment_batch, load_data
+from common.faults import crash_one_worker
 from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import build_model, count_params
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu
-from common.ray_setup import crash_one_worker, init_options, print_best, progress_bar, run_folder
-from common.ray_setup import run_name, worker_setup
-from common.training import epoch_line, evaluate, gather_from_ranks, load_checkpoint, make_optimizer
-from common.training import make_scheduler, peak_memory_mb, save_checkpoint, this_node
+from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
+from common.ray_setup import print_best, progress_bar, run_folder, run_name, worker_setup
+from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
+from common.training import peak_memory_mb, this_node
 
 STEP = "ray_ddp_data"
 

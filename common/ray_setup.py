@@ -23,7 +23,7 @@ from ray.experimental import tqdm_ray
 
 from .errors import fail, first_process
 from .flags import flag_value
-from .training import check_compatible
+from .checkpoints import check_compatible
 from .ray_internals import (POLL_INTERVAL, PREEMPTION_WATCHER, PRINT_PATCH, WORKER_GROUP_START_TIMEOUT,
                             key_progress_bar)
 from .worker_setup import quiet_report_logs
@@ -135,15 +135,6 @@ def print_best(result) -> None:
 def run_folder(args) -> Path:
     """This Ray Train run's folder: its checkpoints, and the traces of --profile-steps."""
     return Path(args.checkpoint_dir) / ray.train.get_context().get_experiment_name()
-
-
-def crash_one_worker(rank: int, world_size: int) -> None:
-    """--fail-at-epoch: the last worker dies hard (not an exception, which a real crash rarely is), once Ray has
-    registered the checkpoint just reported: its controller does when it next polls the workers, so crash well
-    after that, or Ray restarts from the checkpoint before."""
-    if rank == world_size - 1:
-        time.sleep(5 * float(os.environ[POLL_INTERVAL]))
-        os._exit(1)
 
 
 def check_reachable(address: str) -> None:

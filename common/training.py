@@ -1,18 +1,14 @@
-"""Everything the steps share that is not the distributed lesson: the recipe, evaluation, meters and
-checkpoint files. Each step's training loop stays in its own script."""
+"""The recipe and what each epoch reports: the optimizer and its schedule, evaluation, and each rank's memory and
+node. Each step's training loop stays in its own script; checkpoint files are common/checkpoints.py's."""
 import math
-import os
 import resource
 import socket
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from .data import normalize
-from .errors import fail
 
 
 def make_optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.optim.AdamW:
@@ -122,51 +118,3 @@ def epoch_line(record: dict, epochs: int, peak_mb: float) -> str:
     return (f"epoch {record['epoch']}/{epochs} | {record['world_size']} {noun} | "
             f"train loss {record['train_loss']:.4f} | test acc {record['test_accuracy']:.2%} | "
             f"{record['epoch_time_s']:.1f} s | {record['images_per_s']:,.0f} img/s | peak mem {peak_mb:,.0f} MB")
-
-
-def crash_one_rank(epoch: int, checkpoint_path: Path) -> None:
-    """--fail-at-epoch, in one process or under torchrun: once rank 0 has written the epoch's checkpoint, the last
-    rank exits (and torchrun stops the others)."""
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if dist.is_initialized():
-        dist.barrier()  # let rank 0 finish writing the checkpoint
-    if rank == world_size - 1:
-        sys.exit(f"simulated crash of rank {rank} after epoch {epoch + 1} (--fail-at-epoch); "
-                 f"rerun with --resume to continue from {checkpoint_path}")
-
-
-def save_full_model(model, optimizer, path: Path) -> None:
-    """A sharded model (FSDP2) whole, for build_model() on one device (step 06). Training is over and saved: its
-    state goes first, so that rank 0 holds its shard and one full copy, not the training state as well."""
-    optimizer.zero_grad(set_to_none=True)
-    optimizer.state.clear()
-    # A collective: every rank sends its slices, rank 0 alone receives the whole model (in RAM).
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full_weights = get_model_state_dict(model, options=options)
-    if dist.get_rank() == 0:
-        torch.save(full_weights, path)
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
-
-
-def load_checkpoint(path: Path, args) -> dict:
-    if not path.exists():
-        raise fail(f"--resume but no checkpoint at {path}; run without --resume to start fresh")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    check_compatible(path, state["model_preset"], state["epoch"] + 1, args)
-    return state
-
-
-def check_compatible(path, preset: str, epochs_done: int, args) -> None:
-    """A checkpoint resumes only the same model, and only if epochs are left to train."""
-    if preset != args.model:
-        raise fail(f"{path} holds a --model {preset} checkpoint, not {args.model}; "
-                   f"pass --model {preset} or another --checkpoint-dir")
-    if epochs_done >= args.epochs:
-        raise fail(f"{path} has already trained {epochs_done} of --epochs {args.epochs}; "
-                   f"pass a larger --epochs to train on, or another --checkpoint-dir")

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from common.data import augment_batch, load_data
 from common.model import build_model
 from common.training import evaluate, make_optimizer
-from common.training import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
+from common.checkpoints import load_checkpoint, save_checkpoint  # noqa: F401 (yours to use)
 
 
 def fit(args, storage: str, name: str) -> ray.train.Result:

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.data import augment_batch, load_data
 from common.model import build_model
-from common.training import evaluate, load_checkpoint, make_optimizer, save_checkpoint
+from common.checkpoints import load_checkpoint, save_checkpoint
+from common.training import evaluate, make_optimizer
 
 
 def fit(args, storage: str, name: str) -> ray.train.Result:
