@@ -29,7 +29,8 @@ from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.ray_setup import print_best, progress_bar, run_folder, run_name, worker_setup
+from common.ray_setup import progress_bar, worker_setup
+from common.runs import print_best, run_folder, run_name
 from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
 from common.training import peak_memory_mb, this_node
 

@@ -1,5 +1,5 @@
 """Which checkpoints a Ray run keeps and calls its best (steps 02 to 04, and step 06, which classifies with the best),
-and which run --resume continues when the checkpoint folder holds several (every Ray step: ray_setup.run_name)."""
+and which run --resume continues when the checkpoint folder holds several (every Ray step: common.runs.run_name)."""
 import argparse
 import json
 import os
@@ -11,8 +11,8 @@ import pytest
 import ray
 import ray.train
 
-from common import ray_setup
-from common.ray_setup import run_name
+from common import runs
+from common.runs import run_name
 from checks import best_epoch, load_script
 from conftest import RAY_DDP, RAY_FSDP2, ROOT, SMOKE, forbid_ray
 
@@ -110,7 +110,7 @@ def test_of_tied_accuracies_ray_calls_the_latest_epoch_best_as_the_tests_expect(
 def test_two_runs_started_in_the_same_second_get_two_names(tmp_path, monkeypatch):
     """The second would otherwise restore the first. Local mode keeps no checkpoint, so claims no folder; a URI has no
     folder to claim, and the process id tells two launches apart."""
-    monkeypatch.setattr(ray_setup.time, "strftime", lambda fmt: "20261126-120000")
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20261126-120000")
     args = argparse.Namespace(resume=False, checkpoint_dir=str(tmp_path), num_workers=2)
     names = [run_name("ray_ddp", args) for _ in range(3)]
     assert names == ["ray_ddp-20261126-120000", "ray_ddp-20261126-120000-2", "ray_ddp-20261126-120000-3"]
@@ -118,7 +118,7 @@ def test_two_runs_started_in_the_same_second_get_two_names(tmp_path, monkeypatch
     local = argparse.Namespace(resume=False, checkpoint_dir=str(tmp_path / "local"), num_workers=0)
     assert run_name("ray_ddp", local) == "ray_ddp-20261126-120000" and not (tmp_path / "local").exists()
     uri = argparse.Namespace(resume=False, checkpoint_dir="s3://bucket/runs", num_workers=2)
-    assert run_name("ray_ddp", uri) == f"ray_ddp-20261126-120000-{ray_setup.os.getpid()}"
+    assert run_name("ray_ddp", uri) == f"ray_ddp-20261126-120000-{runs.os.getpid()}"
     resume = argparse.Namespace(resume=True, checkpoint_dir=str(tmp_path), model="tiny", epochs=2)
     assert run_name("ray_ddp", resume) == "ray_ddp-20261126-120000-3"  # the newest
 
