@@ -19,7 +19,7 @@ from benchmarks import steps as registry
 from benchmarks.markdown import table
 from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
 from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
-from common.flags import TRAIN_SIZES
+from common.data import TRAIN_SIZES
 
 PUBLISHED = ROOT / "benchmarks" / "published"
 STEPS = PUBLISHED / "steps" / "results.json"

@@ -23,6 +23,9 @@ STD = (0.2470, 0.2435, 0.2616)
 SYNTHETIC_SIZES = {"train": 4096, "test": 1024}
 CROP_PADDING = 2  # random crops shift an image by up to this many pixels each way
 VALIDATION_SIZE = 5000  # cifar10-val: the last 5,000 training images, held out for tuning the recipe
+# Images in each --data's training and evaluation splits
+TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
+EVAL_SIZES = {"cifar10": 10_000, "cifar10-val": VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["test"]}
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .data import DEFAULT_DATA_DIR, SYNTHETIC_SIZES, VALIDATION_SIZE, cache_exists
+from .data import DEFAULT_DATA_DIR, EVAL_SIZES, TRAIN_SIZES, cache_exists
 from .errors import first_process, quiet_exit_code
 from .model import DEFAULT_PRESET, PRESETS
 from .profiling import add_profile_flag, check_profile_flag
@@ -21,8 +21,6 @@ from .profiling import add_profile_flag, check_profile_flag
 # Where the steps write by default (checkpoints/, results/): the repository root, whatever folder a
 # step runs from. A path given on the command line is taken relative to the current folder, as usual.
 REPOSITORY = Path(__file__).resolve().parents[1]
-TRAIN_SIZES = {"cifar10": 50_000, "cifar10-val": 50_000 - VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["train"]}
-EVAL_SIZES = {"cifar10": 10_000, "cifar10-val": VALIDATION_SIZE, "synthetic": SYNTHETIC_SIZES["test"]}
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,7 +8,7 @@ import ray
 import ray.train
 
 from common.data import augment_batch, load_data
-from common.flags import TRAIN_SIZES
+from common.data import TRAIN_SIZES
 from common.model import build_model
 from checks import assert_sane_summary, best_epoch, checkpoint_weights, latest_ray_checkpoint, load_script
 from conftest import SMOKE, parse_only, two_node_cluster
