@@ -96,10 +96,13 @@ def main():
     # Not Ray's defaults: init_options (README.md in step 02: Console).
     ray.init(address=args.address, **init_options(args.address),
              runtime_env={"py_modules": common.__path__, **worker_setup()})
-    args.use_gpu = check_cluster_and_choose_gpu(args)
+    use_gpu = check_cluster_and_choose_gpu(args)
     sweep = Path(args.checkpoint_dir, name)
     trainable = ray.tune.with_resources(run_trial, TRIAL_RESOURCES)
-    tuner = restore_sweep(sweep, trainable) if args.resume else new_sweep(args, sweep, trainable)
+    if args.resume:
+        tuner = restore_sweep(sweep, trainable)
+    else:
+        tuner = new_sweep(args, use_gpu, sweep, trainable)
     results = tuner.fit()
 
     # Tune ends the trials it was running when interrupted (Ctrl-C),
@@ -129,9 +132,9 @@ def main():
                           summary=str((Path(args.out) / "results.json").resolve()))))
 
 
-def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:
+def new_sweep(args, use_gpu: bool, sweep: Path, trainable) -> ray.tune.Tuner:
     """--num-samples trials, as many at once as the cluster holds, stopped early by ASHA."""
-    at_once = trials_at_once(args)
+    at_once = trials_at_once(args.num_workers, use_gpu)
     print(f"sweep {sweep.name}: {args.num_samples} trials of {args.num_workers} worker(s), "
           f"{at_once} at a time; ASHA on validation accuracy from epoch {args.grace_period} of "
           f"{args.epochs}. Interrupted? Run the same command with --resume", flush=True)
@@ -157,19 +160,19 @@ def new_sweep(args, sweep: Path, trainable) -> ray.tune.Tuner:
         # A trial's config is step 02's config: every flag, with this trial's values of the
         # searched ones. Tune saves it with the sweep, so a resumed trial trains with the flags
         # it started with.
-        param_space=dict(vars(args), **search_space(args.epochs)),
+        param_space=dict(vars(args), use_gpu=use_gpu,
+                         **search_space(args.epochs)),
         tune_config=ray.tune.TuneConfig(
-            # Step 02's name for the metric; on cifar10-val it is validation accuracy.
-            metric="test_accuracy", mode="max",
+            metric="test_accuracy", mode="max",  # step 02's name, here on the validation split
             num_samples=args.num_samples, search_alg=search, scheduler=asha),
         run_config=ray.tune.RunConfig(
             name=sweep.name, storage_path=str(sweep.parent), verbose=0,
             callbacks=[PrintTrialProgress(SEARCH_SPACE), FreeStoppedTrialsWorkers(sweep)]))
 
 
-def trials_at_once(args) -> int:
+def trials_at_once(num_workers: int, use_gpu: bool) -> int:
     resources = ray.cluster_resources()
-    return int(resources.get("GPU" if args.use_gpu else "CPU", 0)) // args.num_workers
+    return int(resources.get("GPU" if use_gpu else "CPU", 0)) // num_workers
 
 
 def restore_sweep(path: Path, trainable) -> ray.tune.Tuner:

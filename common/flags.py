@@ -63,13 +63,18 @@ def make_parser(description: str, step: str) -> Parser:
     p.add_argument("--label-smoothing", type=float, default=0.1)
     add_data_flags(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-dir", default=str(REPOSITORY / "checkpoints" / step))
+    p.add_argument("--checkpoint-dir", type=folder_or_uri, default=str(REPOSITORY / "checkpoints" / step))
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cut every epoch short (smoke runs)")
     p.add_argument("--fail-at-epoch", type=int, help="crash one process after this epoch's checkpoint (practice)")
     add_profile_flag(p)
     p.set_defaults(launched=time.time())  # wall time and time to first step count from here
     return p
+
+
+def folder_or_uri(text: str) -> str:
+    """A folder as an absolute path (Ray's workers start elsewhere); a URI (Ray takes s3://bucket/runs) as it is."""
+    return text if "://" in text else str(Path(text).expanduser().resolve())
 
 
 def add_data_flags(p: Parser) -> None:
@@ -79,7 +84,7 @@ def add_data_flags(p: Parser) -> None:
                         "small and larger: GPUs and the memory lessons")
     p.add_argument("--data", default="cifar10", choices=list(TRAIN_SIZES),
                    help="cifar10-val holds out the last 5,000 training images and evaluates on them (tuning)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+    p.add_argument("--data-dir", type=folder_or_uri, default=DEFAULT_DATA_DIR,
                    help="holds (or will hold) the CIFAR-10 .npz cache: a path on every node, read by each process")
     p.add_argument("--eval-images", type=int, default=None, help="evaluate on the first N images only (probes)")
 
@@ -145,10 +150,8 @@ def check_flags(parser: Parser, args) -> None:
                                 f"{args.grad_accum_steps}{of_range}; use a multiple of {every * args.grad_accum_steps}")
     if args.batch_size > TRAIN_SIZES[args.data]:
         bad("--batch-size", f"is larger than the {TRAIN_SIZES[args.data]:,} training images; use at most that")
-    if "://" not in args.checkpoint_dir:  # a local path (Ray also takes URIs such as s3://bucket/runs)
-        args.checkpoint_dir = str(Path(args.checkpoint_dir).expanduser().resolve())
-        if not can_create(args.checkpoint_dir):
-            bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
+    if "://" not in args.checkpoint_dir and not can_create(args.checkpoint_dir):
+        bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
     check_profile_flag(parser, args, TRAIN_SIZES[args.data])
 
 
@@ -168,7 +171,6 @@ def check_data_flags(parser: Parser, args) -> None:
     if args.eval_images and args.eval_images > EVAL_SIZES[args.data]:
         parser.reject(args, "--eval-images",
                       f"is more than the {EVAL_SIZES[args.data]:,} evaluation images of --data {args.data}")
-    args.data_dir = str(Path(args.data_dir).expanduser().resolve())  # absolute: Ray's workers start elsewhere
     if args.data != "synthetic" and not cache_exists(Path(args.data_dir)) and not can_create(args.data_dir):
         parser.reject(args, "--data-dir", "has no CIFAR-10 cache and cannot be created to download one; "
                                           "pass a writable folder")

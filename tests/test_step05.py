@@ -179,8 +179,8 @@ def built_sweep(monkeypatch, tmp_path, *flags) -> dict:
     _, args = parse_only(TUNE, *SMOKE, *flags, "--checkpoint-dir", str(tmp_path))
     built = {}
     monkeypatch.setattr(ray.tune, "Tuner", lambda trainable, **options: built.update(options))
-    monkeypatch.setattr(tune_script, "trials_at_once", lambda args: 2)
-    tune_script.new_sweep(args, tmp_path / "sweep", trainable=None)
+    monkeypatch.setattr(tune_script, "trials_at_once", lambda num_workers, use_gpu: 2)
+    tune_script.new_sweep(args, False, tmp_path / "sweep", trainable=None)
     return built
 
 
