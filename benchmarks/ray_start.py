@@ -44,6 +44,7 @@ TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "
             "01-vanilla-pytorch-ddp/train_ddp.py", *CUT]
 RAY = ["02-ray-train-ddp/train_ray_ddp.py", *CUT, "--num-workers", "2"]
 SAMPLE_S = 0.1  # /proc read in Python: about a tenth of a core at this rate (its own row)
+CODE = ("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py", "02-ray-train-ddp/train_ray_ddp.py")
 DEADLINE_S = 300  # a run past it is killed, with every process it started, and the benchmark fails
 
 
@@ -55,19 +56,23 @@ def main():
     args = parser.parse_args()
     if args.levers:
         return measure_levers(args.levers, args.out)
-    made = made_by(describe_commit(("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py",
-                                    "02-ray-train-ddp/train_ray_ddp.py"), "the code it runs"))
+    made = made_by(describe_commit(CODE, "the code it runs"))
     work = Path(tempfile.mkdtemp(prefix="rs-"))  # short: Ray's socket paths live under it
     runs = [measure("torchrun", TORCHRUN, work)]
     runs.append(measure("Ray, fresh", RAY, work, imports=True))
     with running_cluster(work) as address:  # its workers are started by its raylet, without the driver's environment
         runs.append(measure("Ray, running cluster (1st run)", [*RAY, "--address", address], work))
         runs.append(measure("Ray, running cluster (2nd run)", [*RAY, "--address", address], work))
-    results = dict(machine=describe_machine(), **made, cores=os.cpu_count(), setting=" ".join(CUT), runs=runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_results(args.out, work, made, runs=runs)
+
+
+def write_results(out: Path, work: Path, made: dict, **measured) -> None:
+    """OUT/results.json: the machine, the command and commit, the setting, then what was measured; work removed."""
+    results = dict(machine=describe_machine(), **made, cores=os.cpu_count(), setting=" ".join(CUT), **measured)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {args.out / 'results.json'}")
+    print(f"wrote {out / 'results.json'}")
 
 
 # name: (how it differs from step 02 as the room runs it, its extra environment); the running cluster's is apart
@@ -87,8 +92,7 @@ TEMPORARY = ("HOME", "RAY_TMPDIR")  # the running cluster's folders, gone with i
 def measure_levers(rounds: int, out: Path) -> None:
     """torchrun, LEVERS and the running cluster, in ROUNDS rounds of one run each: launch to first step and first
     step to the end."""
-    made = made_by(describe_commit(("common", "benchmarks/ray_start.py", "01-vanilla-pytorch-ddp/train_ddp.py",
-                                    "02-ray-train-ddp/train_ray_ddp.py"), "the code it runs"))
+    made = made_by(describe_commit(CODE, "the code it runs"))
     work = Path(tempfile.mkdtemp(prefix="rs-"))
     plain = dict(os.environ)  # the fresh runs' and torchrun's: not the running cluster's drivers' (token, home)
     with running_cluster(work) as address:
@@ -102,16 +106,11 @@ def measure_levers(rounds: int, out: Path) -> None:
             for name, (_, command, env) in variants.items():
                 runs[name].append(lever_run(command, env, work))
                 print(f"round {round_ + 1}/{rounds} {name}: {runs[name][-1]}", flush=True)
-    results = dict(machine=describe_machine(), **made, cores=os.cpu_count(), setting=" ".join(CUT), rounds=rounds,
-                   levers=[dict(name=name, what=what, command=" ".join(["python", *command]),
-                                env={k: v for k, v in env.items() if plain.get(k) != v and k not in TEMPORARY},
-                                runs=runs[name],
-                                **medians(runs[name]))
-                           for name, (what, command, env) in variants.items()])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {out / 'results.json'}")
+    write_results(out, work, made, rounds=rounds, levers=[
+        dict(name=name, what=what, command=" ".join(["python", *command]),
+             env={k: v for k, v in env.items() if plain.get(k) != v and k not in TEMPORARY}, runs=runs[name],
+             **medians(runs[name]))
+        for name, (what, command, env) in variants.items()])
 
 
 def lever_run(command: list, env: dict, work: Path) -> dict:
@@ -123,8 +122,8 @@ def lever_run(command: list, env: dict, work: Path) -> dict:
     output = run_to_deadline([sys.executable, *command, "--checkpoint-dir", str(folder / "checkpoints")],
                              environment)
     ended = time.time()
-    seen_at, summary = summary_line(output)
-    first_step = seen_at - summary["wall_time_s"] + summary["time_to_first_step_s"]
+    started, summary = script_start(output)
+    first_step = started + summary["time_to_first_step_s"]
     return dict(load_average_before=load, first_step_s=round(first_step - launched, 1),
                 end_s=round(ended - first_step, 1))
 
@@ -150,9 +149,9 @@ def timed_run(command: list, folder: Path) -> dict:
     busy_at_launch = machine_ticks()
     launched = time.time()
     output, seen = watched_run(command, folder, env)
-    seen_at, summary = summary_line(output)
-    script_started = seen_at - launched - summary["wall_time_s"]  # its imports done: make_parser ran
-    first_step = launched + script_started + summary["time_to_first_step_s"]
+    started, summary = script_start(output)
+    script_started = started - launched  # its imports done: make_parser ran
+    first_step = started + summary["time_to_first_step_s"]
     busy = seen.pop("machine")
     phases = dict(imports=script_started, **{phase: script_started + at for phase, at in summary["startup_s"].items()})
     return dict(launch_to_first_step_s=round(first_step - launched, 1),
@@ -188,12 +187,14 @@ def run_to_deadline(words: list, env: dict) -> str:
     return "".join(lines)
 
 
-def summary_line(output: str) -> tuple:
-    """When the step's JSON last line arrived (the moment its wall_time_s ends), and the summary that line names."""
+def script_start(output: str) -> tuple:
+    """When the step's script started timing itself (its imports done: its JSON last line arrived wall_time_s
+    later), and the summary that line names."""
     for line in output.splitlines():
         stamp, text = line.split("\t", 1)
         if text.startswith("{"):
-            return float(stamp), summary_of(json.loads(text))
+            summary = summary_of(json.loads(text))
+            return float(stamp) - summary["wall_time_s"], summary
     raise SystemExit(f"error: the run printed no summary line:\n{output[-3000:]}")
 
 

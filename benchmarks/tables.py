@@ -211,20 +211,21 @@ def comparison_table(results: dict) -> list:
     """torchrun DDP, Ray DDP, Ray FSDP1 and FSDP2 side by side: every cell counted in the scripts, measured in the
     steps and memory sections, or a behaviour the tests check."""
     steps, memory = ok_runs(results, "steps"), {r.name: r for r in runs(results, "memory")}
+
     def row(label, cell):
-        return [label] + [cell(s.name, s.script) for s in compared()]
+        return [label] + [cell(step) for step in compared()]
 
     def measured_cell(value):
-        return lambda name, script: value(steps[name]) if name in steps else "-"
-    rows = [row("lines in the script", lambda name, script: len((ROOT / script).read_text().splitlines())),
+        return lambda step: value(steps[step.name]) if step.name in steps else "-"
+    rows = [row("lines in the script", lambda step: len((ROOT / step.script).read_text().splitlines())),
             row("lines changed from the step before (`diff -u`)",
-                lambda name, script: changed_lines(registry.step(name).grows_from, script)),
-            row("what you write by hand", lambda name, script: registry.step(name).by_hand),
-            row("fault tolerance", lambda name, script: registry.step(name).faults),
+                lambda step: changed_lines(step.grows_from, step.script)),
+            row("what you write by hand", lambda step: step.by_hand),
+            row("fault tolerance", lambda step: step.faults),
             row("parameters + gradients + AdamW state per rank",
                 measured_cell(lambda r: f"{state_mb(r.summary):,.1f} MB")),
-            row("the largest preset on 2 workers", lambda name, script: outcome(
-                memory.get(GIANT_ON_TWO.get(name)),
+            row("the largest preset on 2 workers", lambda step: outcome(
+                memory.get(GIANT_ON_TWO.get(step.name)),
                 lambda r: f"trained, {state_mb(r.summary) / 1024:,.1f} GiB per rank",
                 "does not fit", "killed: out of memory",
                 "trained its step, killed saving its checkpoint: out of memory")),
@@ -481,8 +482,6 @@ def profile_results_markdown(results: dict) -> str:
             "FSDP2 on CPUs wait for each all-gather and reduce-scatter as soon as they issue it (no CUDA streams to "
             "overlap on), and gloo has no reduce-scatter: it all-reduces the whole tensor and keeps its slice. A "
             "collective's time includes waiting for the slower rank."]) + "\n"
-
-
 
 
 def draw_timeline(variants: list, out: Path) -> Path:

@@ -240,7 +240,6 @@ def profile_table(results: dict) -> list:
                   "overlapped"], rows)
 
 
-
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit("usage: python benchmarks/trace_analysis.py RUN_FOLDER")

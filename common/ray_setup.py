@@ -1,6 +1,6 @@
-"""Plumbing shared by the Ray steps (02-06): Ray's console noise turned down, one-line errors when the
-cluster can never run the job, runs named so that --resume finds the last one, Ray Train's local mode,
-and a progress bar from a worker."""
+"""Plumbing shared by the Ray steps (02-06): their Ray flags, Ray's console noise turned down, the job's runtime
+environment, one-line errors when the cluster can never run the job, Ray Train's local mode, and a progress bar
+from a worker. Runs by name are common/runs.py's."""
 import argparse
 import logging
 import os

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from benchmarks.record import ROOT, describe_commit, describe_machine, wait_until_quiet
 from benchmarks.tables import changed_lines as counted_lines
+
 DECK = ROOT / "slides" / "workshop.md"
 APPENDIX = "Appendix"
 MINUTES = re.compile(r"~\s*(\d+(?:\.\d+)?)\s*min\b")
