@@ -13,7 +13,7 @@ the fresh run with PYTHONPROFILEIMPORTTIME=1 (Ray hands the environment on to ev
 process imported and how long that took; it is not timed. The machine is 2 cores: a process's CPU seconds are the
 time it took from the others. Writes results.json; tables.py renders it.
 
-    python benchmarks/ray_start.py --levers 5 --out benchmarks/published/ray-start-levers    # about 30 minutes
+    python benchmarks/ray_start.py --levers 5 --out benchmarks/published/ray-start-levers    # 18 min (2-core Zen 4)
 
 Each lever that the account points at, one at a time, in alternated rounds (the same order each round, the running
 cluster up throughout so that every run shares its idle load): torchrun; step 02 starting its own Ray; the same
