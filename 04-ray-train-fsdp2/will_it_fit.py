@@ -10,12 +10,12 @@ dtypes, no data), and nothing it would hold is allocated.
 
 Parameters, gradients and AdamW's state are counted from the shapes as each strategy shards them
 (FSDP2 splits every parameter on dim 0, padded to a multiple of the ranks; FSDP1 one flat vector per
-unit, padded too). Activations are measured: one forward pass of fake tensors, adding up the bytes
-of the tensors autograd saves for backward. How close this comes to real runs, and what "peak"
-means: benchmarks/published/will-it-fit/results.md; on a GPU: .../gpu-memory-nvidia-h200/. The
-flags that change memory are step 04's (FSDP2's); the DDP and FSDP1 rows are fp32 throughout, as the
-steps run on CPUs. On GPUs the steps autocast to bf16, which this does not count yet: measured on an
-H200, autocast adds 20% to giant's DDP peak and takes 12% off small's.
+unit, padded too). Activations are measured: one forward pass of fake tensors of the device's kind,
+adding up the bytes of the tensors autograd saves for backward, under autocast to bf16 where the
+steps use it (on cuda; --autocast or --no-autocast to choose): autocast's bf16 copies of the
+weights count, and what that device's autocast keeps in fp32. How close this comes to real runs,
+and what "peak" means: benchmarks/published/will-it-fit/results.md; on a GPU:
+.../gpu-memory-nvidia-h200/. The flags that change memory are step 04's (FSDP2's).
 """
 
 import argparse
@@ -29,7 +29,8 @@ import torch
 from common.errors import fail
 from common.flags import Parser, add_fsdp2_flags
 from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model
-from common.torch_internals import FakeTensorMode, storage_key
+from common.torch_internals import (FakeTensorMode, autocast_on_fake_tensors, fused_attention_on_fake_cuda,
+                                    storage_key)
 from common.training import make_optimizer
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
@@ -43,6 +44,11 @@ DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (
 # tensors at the peak, the worst share of the runs that peak above 1 GiB (giant's DDP in fp32:
 # 23,318 / 19,748.3 MiB, 18.1%). Both rounded up.
 CUDA_KEEPS_BYTES = 1327 * 2**20
+# Inside torch's allocator, beside the tensors: cuBLAS's workspaces, 32 MiB each on Hopper and Blackwell (torch's
+# default per cuBLAS handle and stream, aten/src/ATen/cuda/CublasHandlePool.cpp; 8.1 MiB on older GPUs). Measured on
+# the H200: every hybrid run peaks 61 to 66 MiB over its tensors, two of them (forward and backward run on two threads,
+# each with its own handle).
+CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
 ALLOCATOR_RESERVE = 0.19
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -86,6 +92,8 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum-steps", type=int, default=1)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="as the steps run there: on cuda fused AdamW, pinned offload, CUDA's own")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction,
+                   help="autocast to bf16 (default: as the steps, on cuda only)")
     p.add_argument("--adamw", choices=("fused", "foreach", "single-tensor"),
                    help="AdamW's kind (default: the steps', fused on cuda, else single-tensor)")
     p.add_argument("--batch-size", type=int, default=128, help="global, as the steps take it")
@@ -123,14 +131,14 @@ def chosen(strategy: str) -> tuple:
     return STRATEGIES if strategy == "all" else (strategy,)
 
 
-def build_fake(args, dtype=torch.float32) -> torch.nn.Module:
-    """The model as fake CPU tensors: built on the meta device (no initialisation), then given fake
+def build_fake(args, dtype=torch.float32, device="cpu") -> torch.nn.Module:
+    """The model as fake tensors: built on the meta device (no initialisation), then given fake
     storage. Unlike meta tensors, fake CPU tensors run the CPU kernels' own choices: attention saves
     what the real kernel does, not the math fallback's attention matrix."""
     with torch.device("meta"):
         model = build(args).to(dtype)
     with FakeTensorMode(allow_non_fake_inputs=True):  # the meta parameters, which to_empty replaces
-        return model.to_empty(device="cpu")
+        return model.to_empty(device=device)
 
 
 def build(args) -> torch.nn.Module:
@@ -155,12 +163,18 @@ def input_shape(args) -> tuple:
         raise fail(f"--input-shape {args.input_shape} must be integers, as 3,224,224") from None
 
 
+def autocasts(args) -> bool:
+    return args.device == "cuda" if args.autocast is None else args.autocast
+
+
 def activation_bytes(args) -> int:
     """What one micro-batch's forward pass leaves saved for backward: the tensors autograd keeps
-    (not the weights, counted already), each storage once. bf16 under --mixed-precision (FSDP2 casts
-    weights and inputs)."""
+    (not the weights, counted already), each storage once, traced on the device's kind of fake
+    tensors. bf16 weights under --mixed-precision (FSDP2 casts weights and inputs); under autocast
+    its bf16 copies of the weights, and the ops that device's autocast keeps in fp32 (CUDA's
+    layer and group norms, softmax, the loss), as it runs them."""
     dtype = torch.bfloat16 if args.mixed_precision else torch.float32
-    model = build_fake(args, dtype)
+    model = build_fake(args, dtype, args.device)
     weights = {storage_key(p) for p in model.parameters()}
     saved = {}
 
@@ -170,8 +184,9 @@ def activation_bytes(args) -> int:
         return t
 
     fake_mode = next(model.parameters()).fake_mode
-    with fake_mode, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        x = torch.empty(micro_batch(args), *input_shape(args), dtype=dtype)
+    with (fake_mode, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t),
+          autocast_on_fake_tensors(args.device, autocasts(args)), fused_attention_on_fake_cuda()):
+        x = torch.empty(micro_batch(args), *input_shape(args), dtype=dtype, device=args.device)
         try:
             model(x)
         except RuntimeError as e:
@@ -309,6 +324,7 @@ def estimate(model, strategy: str, args, activations: int, rank: int = 0) -> Est
     acts = activations if fsdp2 or not args.mixed_precision else activation_bytes(fp32(args))
     temporary = adamw_temporary(model, strategy, args, rank)
     peak = peak_bytes(model, strategy, args, params, grads + temporary, optimizer, acts)
+    peak += CUBLAS_WORKSPACE_BYTES if args.device == "cuda" else 0
     offload = offloaded(strategy, args)
     host = host_bytes(model, strategy, args, rank, optimizer + temporary) if offload else 0
     sent = ring_sent(calls, n)
@@ -362,10 +378,12 @@ def describe(model, args) -> str:
     count = sum(p.numel() for p in model.parameters())
     flags = [f for f, on in (("bf16", args.mixed_precision), ("cpu offload", args.cpu_offload),
                              ("no reshard after forward", not args.reshard_after_forward)) if on]
-    precision = "FSDP2: " + ", ".join(flags) if flags else "fp32"
-    return (f"{args.module or args.model}: {count:,} parameters | {args.num_workers} ranks x "
-            f"{micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
-            f"{precision} | {args.adamw} AdamW")
+    precision = "FSDP2: " + ", ".join(flags) if flags else "fp32 weights"
+    autocast = "autocast to bf16" if autocasts(args) else "no autocast"
+    cublas = f" | cuBLAS's workspaces in each peak: {mib(CUBLAS_WORKSPACE_BYTES)} MiB"
+    return (f"{args.module or args.model} on {args.device}: {count:,} parameters | {args.num_workers} "
+            f"ranks x {micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
+            f"{precision} | {autocast} | {args.adamw} AdamW" + (cublas if args.device == "cuda" else ""))
 
 
 def mib(nbytes: float) -> str:

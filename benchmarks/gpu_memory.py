@@ -45,6 +45,7 @@ CONFIGS = {"ddp": ("ddp", False, False, True, None), "ddp_foreach": ("ddp", Fals
 PLAN = [("small", 16, list(CONFIGS)), ("hybrid", 16, list(CONFIGS)),
         ("hybrid", 128, ["ddp", "ddp_no_autocast", "fsdp2", "fsdp2_bf16"]),
         ("giant", 16, ["ddp", "ddp_foreach", "ddp_no_autocast", "fsdp2_bf16"])]  # giant: 1B parameters, no offload
+FAR = 0.15  # issue #72's bar: a row off by more is named, with what is known of why
 DRY_RUN = [("tiny", 16, ["ddp", "fsdp2"])]
 
 
@@ -175,7 +176,7 @@ def predicted(config: dict, fit) -> dict:
                            "--batch-size", str(config["micro_batch"]),
                            "--adamw", (config["adamw"] or "fused").replace("_", "-")]
                           + ["--mixed-precision"] * config["mixed_precision"]
-                          + ["--cpu-offload"] * config["cpu_offload"])
+                          + ["--cpu-offload"] * config["cpu_offload"] + ["--no-autocast"] * (not config["autocast"]))
     model = fit.build_fake(args)
     e = fit.estimate(model, config["strategy"], args, fit.activation_bytes(args))
     return dict(params=e.params, grads=e.grads, optimizer=e.optimizer, activations=e.activations, peak=e.peak,
@@ -190,7 +191,7 @@ def render(folder: Path) -> None:
              results["machine"], "", *[f"- `{m['command']}` ({m['date']}, code: {m['commit']})" for m in made], "",
              "MiB. peak: torch.cuda.max_memory_allocated over the second step (live tensors), then per phase; "
              "reserved: what torch's caching allocator held at most; predicted: `will_it_fit.py` of today, for one "
-             "rank at that micro-batch (its rows are fp32; the steps autocast on CUDA, as here but in "
+             "rank at that micro-batch, autocast to bf16 as the run (the steps' way on CUDA; all but "
              "`ddp_no_autocast`).", "",
              "model | images per rank | run | predicted | peak | off | forward and backward | optimizer step | "
              "reserved | pinned host", "--- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---:"]
@@ -206,6 +207,7 @@ def render(folder: Path) -> None:
                      f"{mib(m['phases']['forward_backward']['allocated'])} | "
                      f"{mib(m['phases']['optimizer_step']['allocated'])} | {mib(m['reserved'])} | "
                      f"{mib(pinned) if row['cpu_offload'] else ''}")
+    lines += unexplained(results["rows"], fit)
     used = [m["used_beside_allocator"] for m in (r["measured"] for r in results["rows"]) if "error" not in m]
     lines += ["", "Device memory the process used beside torch's allocator (total - free - reserved), MiB, fewest "
               "to most over the runs:", ""]
@@ -216,6 +218,28 @@ def render(folder: Path) -> None:
         if values:
             lines.append(f"- {said}: {mib(min(values))} to {mib(max(values))}")
     (folder / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def off_by_more_than(rows: list, fit, share: float) -> list:
+    return [row for row in rows if "error" not in row["measured"] and row["measured"]["peak"]  # 0: a dry run
+            and abs(predicted(row, fit)["peak"] / row["measured"]["peak"] - 1) > share]
+
+
+def unexplained(rows: list, fit) -> list:
+    """The rows past issue #72's bar, each beside the same model's DDP run with foreach AdamW."""
+    far = off_by_more_than(rows, fit, FAR)
+    if not far:
+        return []
+    said = []
+    for row in far:
+        twin = next(r for r in rows if r["model"] == row["model"] and r["name"] == "ddp_foreach")
+        more = row["measured"]["phases"]["forward_backward"]["allocated"] - \
+            twin["measured"]["phases"]["forward_backward"]["allocated"]
+        said.append(f"{row['model']} {row['name']}: {mib(more)} MiB more, its gradients "
+                    f"{mib(predicted(row, fit)['grads'])}")
+    return ["", f"More than {FAR:.0%} off: forward and backward hold about one copy of the gradients more than the "
+            "same model's run with foreach AdamW (" + "; ".join(said) + "). The estimate does not count it; whose "
+            "it is takes a GPU to find out (giant's run without autocast does not hold it)."]
 
 
 def mib(nbytes: float) -> str:

@@ -20,7 +20,7 @@ GPU_PUBLISHED = ROOT / "benchmarks" / "published" / "gpu-memory-nvidia-h200" / "
 # FSDP2 with 2 micro-batches of 2 images per rank: padding (tiny's class token and position embedding, 1 row each,
 # on 2 ranks), sharded state, all-gathers in every micro-batch, one reduce-scatter.
 TINY = dict(model="tiny", name="fsdp2_accum2", strategy="fsdp2", mixed_precision=False, cpu_offload=False,
-            batch_size=8, grad_accum_steps=2)
+            batch_size=8, grad_accum_steps=2, autocast=False)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,8 @@ def test_every_published_row_holds_its_tolerances(validation):
     results = json.loads(PUBLISHED.read_text())
     assert results["tolerance"] == validation.TOLERANCE
     assert {r["model"] for r in results["rows"]} >= {"tiny", "hybrid", "small"}
-    assert {r["name"] for r in results["rows"]} >= {name for name, *_ in validation.CONFIGS} | {"fsdp2_no_reshard"}
+    assert {r["name"] for r in results["rows"]} >= {name for name, *_ in validation.CONFIGS} | {"fsdp2_no_reshard"} \
+        | {f"{name}_autocast" for name in validation.AUTOCAST}
     fit = load_script(SCRIPT)
     for row in results["rows"]:
         assert validation.disagreements(row["predicted"], row["measured"]) == [], (row["model"], row["name"])
@@ -79,6 +80,16 @@ def test_the_estimate_of_tiny_is_what_two_gloo_ranks_hold_and_send(validation, t
     assert validation.disagreements(estimate, tiny_run) == []
     # Here the collectives are exact, counts included: the 5% tolerance is for what a hook might not see.
     assert [e["collectives"] for e in estimate] == [m["collectives"] for m in tiny_run]
+
+
+@time_limit(120)  # two spawned processes, 10 to 20 s
+def test_autocasts_bf16_copies_are_counted_as_two_gloo_ranks_hold_them(validation):
+    # The CPU's autocast, as the steps' CUDA one: the estimate traces the same casts. tiny's DDP peaks 37.1 MiB
+    # predicted, 38.4 by MemTracker; the fp32 trace (52.2) is 36% over it.
+    config = dict(TINY, name="ddp_autocast", strategy="ddp", batch_size=32, grad_accum_steps=1, autocast=True)
+    measured, fit = validation.measured(config), load_script(SCRIPT)
+    assert validation.disagreements(validation.predicted(config, fit), measured) == []
+    assert validation.disagreements(validation.predicted(dict(config, autocast=False), fit), measured)
 
 
 def test_forgetting_fsdp2s_padding_is_caught(validation, tiny_run, monkeypatch):
@@ -140,9 +151,8 @@ def test_adamw_temporary_is_what_each_implementation_allocates(adamw):
 def test_giant_on_a_gpu_is_predicted_where_the_tool_counts_it():
     # The published H200 run (one rank, 16 images): fp32 DDP with the steps' fused AdamW, DDP with foreach, FSDP2
     # with bf16 (whose peak is the end of backward: the whole state and every gradient). Within 5%: the tool leaves
-    # out DDP's communication state and cuBLAS' workspace (1-2% there); a wrong optimizer term is 18% off
-    # (3,891.5 MiB of gradients, or of a foreach temporary, on 19,748.3). Autocast's copies are not counted yet:
-    # the DDP row with autocast is not claimed.
+    # out DDP's communication state (1-2% there); a wrong optimizer term is 18% off (3,891.5 MiB of gradients, or of
+    # a foreach temporary, on 19,748.3). The DDP row with autocast and fused AdamW: the next test.
     fit = load_script(SCRIPT)
     rows = {r["name"]: r for r in json.loads(GPU_PUBLISHED.read_text())["rows"] if r["model"] == "giant"}
     for name, flags in [("ddp_no_autocast", ["--strategy", "ddp"]),
@@ -151,6 +161,21 @@ def test_giant_on_a_gpu_is_predicted_where_the_tool_counts_it():
         estimate = estimate_of(fit, "--model", "giant", "--num-workers", "1", "--batch-size", "16", *flags)
         measured = rows[name]["measured"]["peak"]
         assert estimate.peak == pytest.approx(measured, rel=0.05), (name, estimate.peak / 2**20, measured / 2**20)
+
+
+def test_every_gpu_row_is_predicted_within_15_percent_but_the_two_the_table_explains():
+    # The published H200 run (one rank; 16 images, 128 for some of hybrid's), the steps' way on CUDA: autocast's
+    # copies and what CUDA's autocast keeps in fp32, cuBLAS's workspaces, fused attention. Within issue #72's bar but
+    # DDP with fused AdamW and autocast on small and giant, which hold one more copy of the gradients than their
+    # foreach twins (the table says so): a new row past it fails until it is explained. Without the workspaces every
+    # hybrid row is 50% under; traced without autocast, small's FSDP1 is 15% over, its FSDP2 with offload 25% over,
+    # hybrid's FSDP2 bf16 31% under (CUDA's autocast keeps the stem's group norms in fp32).
+    from benchmarks import gpu_memory
+
+    rows = json.loads(GPU_PUBLISHED.read_text())["rows"]
+    far = {(r["model"], r["name"]) for r in gpu_memory.off_by_more_than(rows, load_script(SCRIPT), gpu_memory.FAR)}
+    assert far == {("small", "ddp"), ("giant", "ddp")}
+    assert gpu_memory.FAR == 0.15
 
 
 def test_offloaded_shards_and_gradients_are_pinned_each_rounded_up_to_a_power_of_two():
@@ -175,7 +200,7 @@ def test_the_verdict_keeps_what_the_published_gpu_run_measured():
     assert beside <= fit.CUDA_KEEPS_BYTES < beside + 2**20
     reserve = max(m["reserved"] / m["peak"] - 1 for m in rows if m["peak"] > 2**30)
     assert reserve <= fit.ALLOCATOR_RESERVE < reserve + 0.01
-    # hybrid's DDP peak (138.8 MiB) fits 1 GiB as bytes of tensors, not beside what CUDA keeps; said with its source
+    # hybrid's DDP peak (192.8 MiB) fits 1 GiB as bytes of tensors, not beside what CUDA keeps; said with its source
     estimates = [estimate_of(fit, "--strategy", "ddp")]
     said = fit.verdict(estimates, fit.parse_args(["--memory-per-device", "1GiB"]))
     assert "none fits" in said and "keeping 1,327.0 MiB" in said and "H200" in said, said
