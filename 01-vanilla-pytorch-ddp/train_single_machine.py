@@ -31,8 +31,8 @@ def main():
 
 
 def train(args, rank, world_size, master_process, device):
-    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
-    # outside the loop through PyTorch's hooks (common/meter.py).
+    # What the benchmarks read (start-up, time to first step, memory, --profile-steps'
+    # profiler), stepped after every optimizer step; saved after every epoch (common/meter.py).
     meter = RunMeter(STEP, args, rank, device, args.checkpoint_dir)
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
@@ -90,6 +90,7 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
+            meter.step(optimizer)
             scheduler.step()
         train_loss = loss_sum.item() / steps_per_epoch  # .item() waits for the GPU: honest time
         epoch_seconds = time.perf_counter() - epoch_start

@@ -86,8 +86,8 @@ def train_func(config):
 
 
 def train(args, rank, world_size, master_process, device):
-    # What the benchmarks read (start-up, first step, memory, --profile-steps), measured from
-    # outside the loop through PyTorch's hooks (common/meter.py).
+    # What the benchmarks read (start-up, time to first step, memory, --profile-steps'
+    # profiler), stepped after every optimizer step; saved after every epoch (common/meter.py).
     meter = RunMeter(STEP, args, rank, device, run_folder(args))
     data = load_data(args.data, args.data_dir, args.eval_images)
     # The global batch, split over the processes, then into --grad-accum-steps micro-batches.
@@ -155,6 +155,7 @@ def train(args, rank, world_size, master_process, device):
             if not last_micro_batch:
                 continue
             optimizer.step()
+            meter.step(optimizer)
             scheduler.step()
         dist.all_reduce(loss_sum)  # every rank's loss, not just rank 0's
         train_loss = loss_sum.item() / steps_per_epoch / world_size  # waits for the GPU: honest

@@ -29,8 +29,8 @@ import torch
 from common.errors import fail
 from common.flags import Parser, add_fsdp2_flags
 from common.model import DEFAULT_PRESET, PRESETS, TRANSFORMER_BLOCK, build_model
-from common.torch_internals import (FakeTensorMode, autocast_on_fake_tensors, fused_attention_on_fake_cuda,
-                                    storage_key)
+from common.torch_internals import (FakeTensorMode, autocast_on_fake_tensors,
+                                    fused_attention_on_fake_cuda, storage_key)
 from common.training import make_optimizer
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
@@ -44,10 +44,10 @@ DDP_BUCKET_BYTES = (2**20, 25 * 2**20)  # DDP's first bucket, then every other (
 # tensors at the peak, the worst share of the runs that peak above 1 GiB (giant's DDP in fp32:
 # 23,318 / 19,748.3 MiB, 18.1%). Both rounded up.
 CUDA_KEEPS_BYTES = 1327 * 2**20
-# Inside torch's allocator, beside the tensors: cuBLAS's workspaces, 32 MiB each on Hopper and Blackwell (torch's
-# default per cuBLAS handle and stream, aten/src/ATen/cuda/CublasHandlePool.cpp; 8.1 MiB on older GPUs). Measured on
-# the H200: every hybrid run peaks 61 to 66 MiB over its tensors, two of them (forward and backward run on two threads,
-# each with its own handle).
+# Inside torch's allocator, beside the tensors: cuBLAS's workspaces, 32 MiB each on Hopper and
+# Blackwell (torch's default per cuBLAS handle and stream, aten/src/ATen/cuda/CublasHandlePool.cpp;
+# 8.1 MiB on older GPUs). Measured on the H200: every hybrid run peaks 61 to 66 MiB over its
+# tensors, two of them (forward and backward run on two threads, each with its own handle).
 CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
 ALLOCATOR_RESERVE = 0.19
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
@@ -381,9 +381,10 @@ def describe(model, args) -> str:
     precision = "FSDP2: " + ", ".join(flags) if flags else "fp32 weights"
     autocast = "autocast to bf16" if autocasts(args) else "no autocast"
     cublas = f" | cuBLAS's workspaces in each peak: {mib(CUBLAS_WORKSPACE_BYTES)} MiB"
-    return (f"{args.module or args.model} on {args.device}: {count:,} parameters | {args.num_workers} "
-            f"ranks x {micro_batch(args)} examples x {args.grad_accum_steps} micro-batches per step | "
-            f"{precision} | {autocast} | {args.adamw} AdamW" + (cublas if args.device == "cuda" else ""))
+    return (f"{args.module or args.model} on {args.device}: {count:,} parameters | "
+            f"{args.num_workers} ranks x {micro_batch(args)} examples x {args.grad_accum_steps} "
+            f"micro-batches per step | {precision} | {autocast} | {args.adamw} AdamW"
+            + (cublas if args.device == "cuda" else ""))
 
 
 def mib(nbytes: float) -> str:

@@ -1,14 +1,9 @@
-"""What the benchmarks read from a run, measured from outside the training loop.
-
-A step names its meter twice: made first thing in train() with the run's folder, and asked after each epoch to
-save the run so far there, beside the checkpoints, as summary.json. In between, the meter watches the run through
-PyTorch's global hooks (public API, this process only), removed once done (the module hooks at the first optimizer
-step, the optimizer's at the first summary: the profiled steps fit in the first epoch, check_profile_flag), and
-never from inside a hook of their own kind, while torch iterates over those:
-- the first submodule registered: the model is being built, so the data phase has ended;
-- the first forward: the model is built (and restored), so start-up has ended and --profile-steps starts;
-- every optimizer step after that: the profiler's schedule; the first one's time is the time to first step, and
-  what the rank holds right after it (parameters, gradients, optimizer state) is its state memory.
+"""What the benchmarks read from a run: the meter a step makes first thing in train() with the run's folder, steps
+after every optimizer step (meter.step(optimizer): the time to first step, what the rank holds right after it, and
+--profile-steps' profiler, which starts there), and asks after each epoch to save the run so far there, beside the
+checkpoints, as summary.json. The start-up's phases it times through two of PyTorch's global hooks (public API, this
+process only), removed at the first step: the first submodule registered (the model is being built, so the data phase
+has ended) and the first forward (the model is built and restored, so start-up has ended).
 The driver (print_run_summary) adds the wall time to that file, which the benchmarks read, and prints the memory
 per rank and a short JSON last line that names it. A local or mounted folder only, as for --profile-steps' traces.
 """
@@ -19,7 +14,6 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import register_module_forward_pre_hook, register_module_module_registration_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .errors import first_process
 from .model import build_model, count_params
@@ -38,35 +32,33 @@ class RunMeter:
     (a later attempt's would count the crash and the restart in)."""
 
     def __init__(self, step: str, args, rank: int, device, run_folder):
-        self.step, self.args, self.rank, self.device = step, args, rank, device
+        self.step_name, self.args, self.rank, self.device = step, args, rank, device
         self.folder = Path(run_folder)  # step 01's --checkpoint-dir, a Ray run's folder in its storage
         self.startup = dict(launcher=time.time())  # all that ran before train(): torchrun, or Ray and its workers
         self.first_step_s, self.state_memory, self.profiler, self.start, self.params = None, {}, None, None, None
         self.hooks = [register_module_module_registration_hook(self.model_building),
-                      register_module_forward_pre_hook(self.first_forward),
-                      register_optimizer_step_post_hook(self.optimizer_stepped)]
+                      register_module_forward_pre_hook(self.first_forward)]
 
     def model_building(self, *_):
         self.startup.setdefault("data", time.time())
 
     def first_forward(self, *_):
-        if self.profiler is None:
-            self.startup["model"] = time.time()
-            self.profiler = StepProfiler(self.args, self.rank, self.folder)
+        self.startup.setdefault("model", time.time())
 
-    def optimizer_stepped(self, optimizer, *_):
-        if self.profiler is None:  # before training: loading a sharded optimizer state steps it once, at lr 0
-            return
+    def step(self, optimizer) -> None:
+        """After every optimizer step of the attempt; the first one's time is the time to first step."""
         if self.first_step_s is None:
             self.first_step_s = time.time() - self.args.launched
             self.state_memory = state_memory_mb(optimizer)
-            for hook in self.hooks[:2]:  # a global module hook slows every module's call: gone
+            for hook in self.hooks:  # a global module hook slows every module's call: gone
                 hook.remove()
+            self.profiler = StepProfiler(self.args, self.rank, self.folder)  # from the second step on
+            return
         self.profiler.step()
 
     def save_summary(self, history: list) -> None:
         """A collective: every rank calls it after each epoch; rank 0 writes the run so far to summary.json."""
-        for hook in self.hooks:  # all they measure is measured; removing twice does nothing
+        for hook in self.hooks:  # a run without a step (an epoch of none): removing twice does nothing
             hook.remove()
         ranks = gather_from_ranks(dict(self.state_memory, peak_mb=peak_memory_mb(self.device), node=this_node()))
         if self.rank != 0 or "://" in self.args.checkpoint_dir:  # cloud storage: print_run_summary says so
@@ -81,7 +73,7 @@ class RunMeter:
         last, args = history[-1], self.args
         seconds = sum(h["epoch_time_s"] for h in history)
         summary = dict(
-            step=self.step, world_size=last["world_size"], device=self.device.type, model=args.model,
+            step=self.step_name, world_size=last["world_size"], device=self.device.type, model=args.model,
             params=self.params, data=args.data, epochs=args.epochs, global_batch_size=args.batch_size,
             grad_accum_steps=args.grad_accum_steps, train_loss=last["train_loss"],
             test_accuracy=last["test_accuracy"],

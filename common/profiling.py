@@ -2,9 +2,8 @@
 
 After WARMUP_STEPS optimizer steps, torch.profiler records N more. Then every rank writes its trace to
 <folder>/profile/rank<r>.json.gz: open it in https://ui.perfetto.dev or chrome://tracing, or read where
-the time went with `python benchmarks/trace_analysis.py <folder>`. Kept out of the training loop: the
-run's meter (common/meter.py) starts the profiler at the first forward and steps it after every
-optimizer step.
+the time went with `python benchmarks/trace_analysis.py <folder>`. The run's meter (common/meter.py)
+starts the profiler after the first optimizer step and steps it after every one after that.
 """
 import math
 import os
@@ -44,8 +43,8 @@ def check_profile_flag(parser, args, train_images: int) -> None:
 
 
 class StepProfiler:
-    """Call step() after every optimizer step; with --profile-steps 0 it does nothing. A restarted or resumed run
-    profiles its first steps again: its profile replaces the earlier attempt's."""
+    """Made after the first optimizer step; call step() after every one after it. With --profile-steps 0 it does
+    nothing. A restarted or resumed run profiles its first steps again: its profile replaces the earlier attempt's."""
 
     def __init__(self, args, rank: int, folder):
         self.steps, self.rank = getattr(args, "profile_steps", 0), rank
@@ -60,15 +59,15 @@ class StepProfiler:
         gpu = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
         self.profiler = torch.profiler.profile(
             activities=[ProfilerActivity.CPU, *gpu], on_trace_ready=self.write_trace,
-            schedule=torch.profiler.schedule(wait=WARMUP_STEPS - 1, warmup=1, active=self.steps,
-                                           repeat=1))
+            schedule=torch.profiler.schedule(wait=WARMUP_STEPS - 2, warmup=1, active=self.steps,
+                                           repeat=1))  # made after the first step: the second warms up
         self.profiler.start()
 
     def step(self) -> None:
         if self.profiler is None:
             return
         self.profiler.step()  # after the N-th profiled step, this calls write_trace
-        if self.profiler.step_num == WARMUP_STEPS + self.steps:
+        if self.profiler.step_num == WARMUP_STEPS - 1 + self.steps:
             self.profiler.stop()
             self.profiler = None
 

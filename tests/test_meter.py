@@ -1,6 +1,6 @@
-"""common/meter.py: what it measures through PyTorch's hooks, the summary it saves beside the checkpoints and the
-short last line; and that the step scripts measure from outside their loops (the meter named twice, a report that
-carries the epoch's metrics alone)."""
+"""common/meter.py: what it measures (the start-up through PyTorch's hooks, the first step and the profiler when the
+loop steps it), the summary it saves beside the checkpoints and the short last line; and that the step scripts show
+their measurement in three lines (made, stepped, saved) and a report that carries the epoch's metrics alone."""
 import argparse
 import ast
 import json
@@ -39,10 +39,11 @@ def train_one_step(meter_folder: Path, **changes) -> RunMeter:
     time.sleep(0.01)
     model(torch.randn(2, 256)).sum().backward()
     optimizer.step()
+    meter.step(optimizer)
     return meter
 
 
-def test_the_hooks_time_the_start_up_and_measure_what_a_rank_holds_after_its_first_step(tmp_path):
+def test_the_meter_times_the_start_up_and_measures_what_a_rank_holds_after_its_first_step(tmp_path):
     meter = train_one_step(tmp_path)
     meter.save_summary([epoch(1)])
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -68,14 +69,15 @@ def test_a_meter_left_by_a_run_that_crashed_early_breaks_no_later_run(tmp_path):
 
 def test_a_step_before_training_is_not_the_first_step(tmp_path):
     """Loading a sharded optimizer state (torch.distributed.checkpoint's set_state_dict, steps 03 and 04) steps the
-    optimizer once, before any forward: neither the time to first step nor the state memory is taken there."""
+    optimizer once, before any forward: the meter takes the first step where the loop steps it, not there."""
     meter = RunMeter("test", run_args(), 0, torch.device("cpu"), tmp_path)
     model = nn.Sequential(nn.Linear(256, 4))
     optimizer = torch.optim.AdamW(model.parameters())
-    optimizer.step()  # no gradients yet: AdamW skips every parameter, the hooks still run
+    optimizer.step()  # no gradients yet: AdamW skips every parameter
     time.sleep(0.05)
     model(torch.randn(2, 256)).sum().backward()
     optimizer.step()
+    meter.step(optimizer)
     meter.save_summary([epoch(1)])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["time_to_first_step_s"] > summary["startup_s"]["model"] > 0.05
@@ -126,13 +128,17 @@ def train_function(script: Path) -> ast.FunctionDef:
 
 
 @pytest.mark.parametrize("script", TRAINING_SCRIPTS, ids=lambda p: p.name)
-def test_a_training_function_names_its_meter_twice_and_reports_the_epochs_metrics_alone(script):
-    """Issue #51: measurement from outside the loop. The meter in at most two lines of train(); every
-    ray.train.report passes history[-1] and the checkpoint, nothing built for the benchmarks."""
+def test_a_training_function_shows_its_meter_in_three_lines_and_reports_the_epochs_metrics_alone(script):
+    """Issues #51 and #73: measurement a reader sees. The meter in three lines of train(): made first, stepped right
+    after the optimizer (where the profiler starts and steps), saved after each epoch; every ray.train.report passes
+    history[-1] and the checkpoint, nothing built for the benchmarks."""
     source = script.read_text().splitlines()
     function = train_function(script)
-    lines = source[function.lineno - 1:function.end_lineno]
-    assert len([line for line in lines if re.search(r"\bmeter\b", line.split("#")[0])]) <= 2
+    lines = [line.split("#")[0].strip() for line in source[function.lineno - 1:function.end_lineno]]
+    named = [(i, line) for i, line in enumerate(lines) if re.search(r"\bmeter\b", line)]
+    assert [line.split("(")[0] for _, line in named] == ["meter = RunMeter", "meter.step", "meter.save_summary"]
+    stepped = named[1][0]
+    assert (lines[stepped - 1], lines[stepped]) == ("optimizer.step()", "meter.step(optimizer)")
     reports = [node for node in ast.walk(function) if isinstance(node, ast.Call)
                and ast.unparse(node.func) == "ray.train.report"]
     assert all(ast.unparse(call.args[0]) == "history[-1]" for call in reports), [ast.unparse(c) for c in reports]

@@ -144,7 +144,7 @@ def test_profile_steps_0_does_nothing(tmp_path):
 
 def test_each_attempt_profiles_anew_clearing_an_earlier_attempts_traces(tmp_path):
     """A run from epoch 0, restarted or resumed: its profile replaces an earlier attempt's, whose traces may be of
-    more ranks. (The profiler starts with the run's first forward, common/meter.py.)"""
+    more ranks. (The profiler starts after the run's first optimizer step, common/meter.py.)"""
     profile = tmp_path / "profile"
     profile.mkdir()
     stale = profile / "rank3.json.gz"
@@ -199,13 +199,16 @@ def all_reduces_per_step(folder, no_sync: bool) -> list:
     no_sync() or not: the all-reduces of each of the 2 profiled steps."""
     model = DistributedDataParallel(small_model())
     optimizer = torch.optim.AdamW(model.parameters())
-    profiler = StepProfiler(argparse.Namespace(profile_steps=2), 0, folder)
+    profiler = None
     for _ in range(5):
         with model.no_sync() if no_sync else contextlib.nullcontext():
             model(torch.randn(8, 16)).square().mean().backward()
         model(torch.randn(8, 16)).square().mean().backward()
         optimizer.step()
-        profiler.step()
+        if profiler is None:  # made after the first step, as the run's meter makes it
+            profiler = StepProfiler(argparse.Namespace(profile_steps=2), 0, folder)
+        else:
+            profiler.step()
         optimizer.zero_grad()
     return [step["collectives"]["all_reduce"]["calls"] for step in profile_summary(folder)["ranks"][0]["steps"]]
 
