@@ -31,7 +31,7 @@ from common.training import make_optimizer, predict
 EVAL_BATCH = 64
 
 # The rank whose tensor has another shape than the other rank's, that collective (as torch.distributed names it),
-# and the number of the line in this file where it is called.
+# and the line in this file where it is called (its number, or the statement a traceback prints under it).
 DIAGNOSIS = dict(rank=None, collective=None, line=None)
 
 

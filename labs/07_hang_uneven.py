@@ -28,7 +28,7 @@ from common.training import evaluate, make_optimizer
 FILE_IMAGES = 48  # images per file: an epoch of 128 images is 3 files, the last one shorter
 
 # The rank that runs a step the other rank never runs, the collective it waits in there (as torch.distributed names
-# it), and the number of the line in this file where it waits.
+# it), and the line in this file where it waits (its number, or the statement a traceback prints under it).
 DIAGNOSIS = dict(rank=None, collective=None, line=None)
 
 

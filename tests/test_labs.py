@@ -19,6 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from common.model import build_model
 from labs.check import LABS
+from labs.checks import clinic
 
 import processes
 from checks import load_script
@@ -202,8 +203,8 @@ def test_every_check_fails_on_the_untouched_lab_for_its_lesson(request, ran_earl
     for line, failure in zip(lines, STARTING_FAILURES[lab], strict=True):
         assert line.startswith("FAIL") and shows(line, failure), (line, failure)
     if lab.startswith("hang-"):  # the clinic's truth is where the untouched file's traceback says it waits
-        truth = importlib.import_module(LABS[lab].checks).TRUTH
-        shown = f'{LABS[lab].file}", line {truth["line"]}, in' in result.stderr
+        line, = clinic.lines_holding(lab_file(lab), importlib.import_module(LABS[lab].checks).WAITS_AT)
+        shown = f'{LABS[lab].file}", line {line}, in' in result.stderr
         # Or gloo ended the rank at that collective at once, with no traceback (the other rank may have gone on).
         aborted = lab == "hang-shape" and "Received data size doesn't match expected size" in result.stderr
         assert shown or aborted, result.stderr[-3000:]
@@ -479,7 +480,7 @@ WRONG_ANSWERS = {
             ('DIAGNOSIS = dict(rank=0,', 'DIAGNOSIS = dict(rank=1,')],
                     1, "DIAGNOSIS's rank is not where the untouched file waits", "shows the line it waits on"),
         WrongAnswer("the evaluation's reduce, which both ranks call", [
-            ('collective="reduce", line=68)', 'collective="reduce", line=66)')],
+            ('line="dist.reduce(loss_sum, dst=0)")', 'line=66)')],
                     1, "DIAGNOSIS's line is not where the untouched file waits", "shows the line it waits on"),
     ],
     "hang-uneven": [
@@ -580,8 +581,10 @@ RIGHT_ANSWERS = {
             "        dist.reduce(loss_sum, dst=0)  # a collective: every rank calls it, rank 0 alone receives the "
             "sum\n",
             "        dist.all_reduce(loss_sum)\n")]),
+        RightAnswer("the line as the untouched file numbers it, from its traceback", [
+            ('line="dist.reduce(loss_sum, dst=0)")', 'line=68)')]),
         RightAnswer("the line as the file numbers it after a line added above it", [
-            ('collective="reduce", line=68)', 'collective="reduce", line=54)'),
+            ('line="dist.reduce(loss_sum, dst=0)")', 'line=54)'),
             ("        dist.reduce(loss_sum, dst=0)  # a collective",
              "        # rank 1 never came here\n        dist.reduce(loss_sum, dst=0)  # a collective")]),
     ],
@@ -716,15 +719,31 @@ def test_a_wrong_answer_fails_for_its_reason_with_another_processors_kernels(mon
 
 
 @pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
-def test_a_clinic_labs_truth_is_the_line_of_its_collective(lab):
-    """The line a diagnosis must name moves with any line added above it (the docstring's too): it still holds the
-    collective (DDP's all-reduce runs in backward), so the check's truth is the starting file's."""
+def test_a_clinic_labs_truth_is_the_one_line_that_holds_its_collective(lab):
+    """The check finds the line a diagnosis must name by its statement: one line of the starting file, which holds
+    the collective (DDP's all-reduce runs in backward)."""
     checks = importlib.import_module(LABS[lab].checks)
-    truth = checks.TRUTH
-    line = lab_file(lab).read_text().splitlines()[truth["line"] - 1].strip()
-    assert line.startswith(f"dist.{truth['collective']}(") or (truth["collective"], line) == ("all_reduce",
-                                                                                              "loss.backward()"), line
-    assert line.startswith(checks.WAITS_AT), (line, checks.WAITS_AT)  # where it stands now is right too
+    line, = clinic.lines_holding(lab_file(lab), checks.WAITS_AT)
+    statement = lab_file(lab).read_text().splitlines()[line - 1].strip()
+    assert statement.startswith(f"dist.{checks.TRUTH['collective']}(") or \
+        (checks.TRUTH["collective"], statement) == ("all_reduce", "loss.backward()"), statement
+
+
+@pytest.mark.parametrize("lab", [lab for lab in LABS if lab.startswith("hang-")])
+def test_a_clinic_check_survives_a_line_added_above_its_collective(lab, tmp_path):
+    """A line added above the collective in the lab's file (a maintainer's, or an attendee's print): the diagnosis is
+    right with the line's new number or its statement, wrong with the number it had before."""
+    checks = importlib.import_module(LABS[lab].checks)
+    before, = clinic.lines_holding(lab_file(lab), checks.WAITS_AT)
+    added = lab_file(lab).read_text().replace("\nimport ", "\n# a line added above\nimport ", 1)
+    untouched = tmp_path / "untouched.py"
+    untouched.write_text(added)
+    diagnosed = tmp_path / LABS[lab].file
+    for line, right in ((before + 1, True), (repr(checks.WAITS_AT), True), (before, False)):
+        diagnosed.write_text(re.sub(r"DIAGNOSIS = dict\(.*\)", f"DIAGNOSIS = dict(rank={checks.TRUTH['rank']}, "
+                                    f"collective={checks.TRUTH['collective']!r}, line={line})", added))
+        outcome = clinic.diagnosis(diagnosed, checks.TRUTH, checks.WAITS_AT, untouched=untouched)
+        assert (outcome.failure is None) == right, (line, outcome)
 
 
 def hint_of(stdout: str, line: str) -> str:

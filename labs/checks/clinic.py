@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch.distributed.distributed_c10d as c10d
 
+import labs
 from labs import reference
 from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
 
@@ -30,22 +31,28 @@ def run(lab_file, truth: dict, waits_at: str) -> list[Outcome]:
     return [diagnosed, Outcome(ENDS, None, ""), same_training(alone, pair)]
 
 
-def diagnosis(lab_file, truth: dict, waits_at: str) -> Outcome:
-    """The line is right as the untouched file numbers it, or as the file numbers it now: a line added above the
-    collective (a monitored_barrier, a print) moves it, and a traceback then shows the new number."""
+def diagnosis(lab_file, truth: dict, waits_at: str, untouched=None) -> Outcome:
+    """The line is right as its number in labs/' copy of the lab (untouched as the tests run it; an attendee's edits
+    go there too), as its number in the file checked now (a line added above the collective, a monitored_barrier or
+    a print, moves it, and a traceback then shows the new number), or as its statement, which a traceback prints
+    under the number. The line is found by its statement, never by a number kept here."""
     written = getattr(load_lab(lab_file), "DIAGNOSIS", None)
-    if not isinstance(written, dict) or set(written) != set(truth):
-        return Outcome(DIAGNOSED, f"DIAGNOSIS is {written!r}, not a dict of {sorted(truth)}",
+    if not isinstance(written, dict) or set(written) != {*truth, "line"}:
+        return Outcome(DIAGNOSED, f"DIAGNOSIS is {written!r}, not a dict of {sorted({*truth, 'line'})}",
                        "write down what the tools showed: DIAGNOSIS = dict(rank=..., collective=..., line=...)")
-    now = Path(lab_file).read_text().splitlines()
-    stands_there = str(written["line"]).isdigit() and 0 < int(written["line"]) <= len(now) and \
-        now[int(written["line"]) - 1].strip().startswith(waits_at)
-    wrong = [key for key in truth if normal(written[key]) != normal(truth[key])
-             and not (key == "line" and stands_there)]
     if None in written.values():
         return Outcome(DIAGNOSED, "DIAGNOSIS is not filled in", "climb the ladder in the lab's docstring: the "
                                                                 "timeout's traceback, monitored_barrier, "
                                                                 "TORCH_DISTRIBUTED_DEBUG=DETAIL, py-spy dump")
+    known = lines_holding(untouched or Path(labs.__file__).parent / Path(lab_file).name, waits_at)
+    line = str(written["line"]).strip()
+    numbers = {*known, *lines_holding(lab_file, waits_at)}
+    line_right = line.startswith(waits_at) or (line.isdigit() and int(line) in numbers)
+    wrong = [key for key in truth if normal(written[key]) != normal(truth[key])] + ["line"] * (not line_right)
+    if wrong == ["line"] and not known:  # the fix changed that statement in labs/' copy: no number to check against
+        return Outcome(DIAGNOSED, f"DIAGNOSIS's line {line} cannot be checked: the lab's file no longer holds the "
+                                  "statement where its untouched copy waited",
+                       "write the line as that statement, as the traceback printed it under its number")
     if wrong:
         return Outcome(DIAGNOSED, f"DIAGNOSIS's {' and '.join(wrong)} is not where the untouched file waits",
                        "each rank's traceback (or py-spy dump) shows the line it waits on; DETAIL shows each "
@@ -53,8 +60,14 @@ def diagnosis(lab_file, truth: dict, waits_at: str) -> Outcome:
     return Outcome(DIAGNOSED, None, "")
 
 
+def lines_holding(path, statement: str) -> list[int]:
+    """The numbers of the lines of a file that start with statement."""
+    return [number for number, line in enumerate(Path(path).read_text().splitlines(), 1)
+            if line.strip().startswith(statement)]
+
+
 def normal(value) -> str:
-    """all_reduce, allreduce, dist.all_reduce and ALLREDUCE are one collective; 57 and "57" one line."""
+    """all_reduce, allreduce, dist.all_reduce and ALLREDUCE are one collective; 0 and "0" one rank."""
     return str(value).lower().removeprefix("dist.").removeprefix("torch.distributed.").replace("_", "")
 
 

@@ -2,9 +2,10 @@
 from labs.checks import clinic
 
 CHECKS = clinic.CHECKS
-# Where the untouched labs/07_hang_rank0.py waits (tests/test_labs.py checks that its run shows it).
-TRUTH = dict(rank=0, collective="reduce", line=68)
-WAITS_AT = "dist.reduce(loss_sum, dst=0)"  # that line's statement: where it stands in the file now is right too
+# Where the untouched labs/07_hang_rank0.py waits: the rank, the collective, and the line's statement (found in the
+# file, so a line added above it moves the number with it; tests/test_labs.py checks that its run shows it).
+TRUTH = dict(rank=0, collective="reduce")
+WAITS_AT = "dist.reduce(loss_sum, dst=0)"
 
 
 def run(lab_file) -> list:

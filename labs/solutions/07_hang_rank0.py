@@ -14,8 +14,8 @@ from common.model import build_model
 from common.training import evaluate, make_optimizer
 
 # The rank that calls a collective the other rank never calls, that collective (as torch.distributed names it), and
-# the number of the line in this file where that rank waits in it.
-DIAGNOSIS = dict(rank=0, collective="reduce", line=68)
+# the line in this file where that rank waits in it (its number, or the statement a traceback prints under it).
+DIAGNOSIS = dict(rank=0, collective="reduce", line="dist.reduce(loss_sum, dst=0)")
 
 
 def main(args) -> list[dict]:

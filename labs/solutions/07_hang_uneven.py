@@ -15,8 +15,8 @@ from common.model import build_model
 from common.training import evaluate, make_optimizer
 
 # The rank that runs a step the other rank never runs, the collective it waits in there (as torch.distributed names
-# it), and the number of the line in this file where it waits.
-DIAGNOSIS = dict(rank=0, collective="all_reduce", line=62)
+# it), and the line in this file where it waits (its number, or the statement a traceback prints under it).
+DIAGNOSIS = dict(rank=0, collective="all_reduce", line="loss.backward()")
 
 
 def main(args) -> list[dict]:
