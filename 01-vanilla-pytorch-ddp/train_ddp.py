@@ -22,8 +22,8 @@ from common.faults import crash_one_rank
 from common.flags import make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import build_model, count_params
-from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
-from common.training import peak_memory_mb, this_node
+from common.reporting import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common.training import evaluate, make_optimizer, make_scheduler
 
 STEP = "ddp"
 

@@ -22,14 +22,13 @@ import common
 from common.checkpoints import load_checkpoint, save_checkpoint
 from common.data import augment_batch, load_data
 from common.faults import crash_one_worker
-from common.flags import make_parser
+from common.flags import add_ray_flags, make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import build_model, count_params
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.ray_setup import progress_bar, worker_setup
+from common.ray_setup import check_cluster_and_choose_gpu, init_options, progress_bar, worker_setup
 from common.runs import print_best, run_folder, run_name
-from common.training import epoch_line, evaluate, gather_from_ranks, make_optimizer, make_scheduler
-from common.training import peak_memory_mb, this_node
+from common.reporting import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common.training import evaluate, make_optimizer, make_scheduler
 
 STEP = "ray_ddp_data"
 

@@ -27,9 +27,8 @@ from ray.tune.search import BasicVariantGenerator
 import common
 from common.data import load_data
 from common.errors import fail
-from common.flags import REPOSITORY, make_parser
-from common.ray_setup import add_ray_flags, check_cluster_and_choose_gpu, init_options
-from common.ray_setup import worker_setup
+from common.flags import REPOSITORY, add_ray_flags, make_parser
+from common.ray_setup import check_cluster_and_choose_gpu, init_options, worker_setup
 from common.runs import run_name
 # What the sweep needs beyond the lesson: a workaround, its console lines, its table and plot.
 from common.sweep import FreeStoppedTrialsWorkers, PrintTrialProgress, check_sweep_flags

@@ -41,11 +41,11 @@ from common.errors import fail
 from common.model import build_model
 from common.training import predict
 # What the step does beyond its lesson: any checkpoint, image files, the report and its plots.
-from common.flags import Parser, REPOSITORY, add_data_flags, check_data_flags, flag_value
+from common.flags import Parser, REPOSITORY, add_cluster_flags, add_data_flags, check_data_flags
+from common.flags import flag_value
 from common.inference import CLASSES, check_a_cpu_is_left_to_read, decode_image, find_checkpoint
 from common.inference import image_files, load_weights, report_evaluation, report_folder
-from common.ray_setup import add_cluster_flags, check_cluster_and_choose_gpu
-from common.ray_setup import init_options, worker_setup
+from common.ray_setup import check_cluster_and_choose_gpu, init_options, worker_setup
 
 STEP = "ray_data_inference"
 

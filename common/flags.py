@@ -7,6 +7,7 @@ the first process alone prints, the others give it time to (quiet_exit_code) and
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,42 @@ def add_fsdp2_flags(parser: Parser) -> Parser:
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free each block's gathered weights after forward (less memory, one more all-gather)")
     return parser
+
+
+def add_ray_flags(parser, local_mode: bool = False, elastic: bool = False):
+    """The Ray steps' own flags, added to make_parser's; returns the parser. local_mode: the step also
+    takes --num-workers 0, Ray Train's local mode (the training function runs in this process). elastic: it also
+    takes --num-workers MIN-MAX, which becomes Ray's ScalingConfig(num_workers=(MIN, MAX)) (step 04)."""
+    parser.add_argument("--num-workers", type=worker_count if elastic else int, default=2,
+                        help="training processes, one GPU each with --use-gpu"
+                             + ("; 0: Ray Train's local mode, no Ray (debugging)" if local_mode else "")
+                             + ("; MIN-MAX: elastic, as many as the cluster holds (e.g. 1-4)" if elastic else ""))
+    parser.local_mode = local_mode
+    add_cluster_flags(parser)
+    parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
+    return parser
+
+
+def worker_count(text: str):
+    """--num-workers N, an int, or MIN-MAX, Ray's (min, max) tuple for an elastic run (N-N is N), checked with
+    the other flags (check_flags)."""
+    if bounds := re.fullmatch(r"(\d+)-(\d+)", text.strip()):
+        low, high = int(bounds[1]), int(bounds[2])
+        return low if low == high else (low, high)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers; use N, or MIN-MAX (elastic)")
+
+
+def add_cluster_flags(parser) -> None:
+    """Where the work runs: flags the training steps share with step 06 (inference)."""
+    parser.add_argument("--use-gpu", action="store_true", default=None,
+                        help="one GPU per worker (default: when the cluster has GPUs)")
+    parser.add_argument("--no-gpu", dest="use_gpu", action="store_false", help="CPU workers even on a GPU cluster")
+    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "local"),
+                        help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else 'local': start Ray "
+                             "on this machine)")
 
 
 def check_flags(parser: Parser, args) -> None:

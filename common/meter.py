@@ -18,7 +18,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook, register_m
 from .errors import first_process
 from .model import build_model, count_params
 from .profiling import StepProfiler
-from .training import gather_from_ranks, memory_table, peak_memory_mb, this_node
+from .reporting import gather_from_ranks, memory_table, peak_memory_mb, this_node
 
 # The run's start-up: when each phase ended, in seconds from launch (args.launched, set by make_parser).
 STARTUP_PHASES = ("launcher", "data", "model")

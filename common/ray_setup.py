@@ -1,10 +1,8 @@
-"""Plumbing shared by the Ray steps (02-06): their Ray flags, Ray's console noise turned down, the job's runtime
-environment, one-line errors when the cluster can never run the job, Ray Train's local mode, and a progress bar
-from a worker. Runs by name are common/runs.py's."""
-import argparse
+"""Ray plumbing shared by the Ray steps (02-06): Ray's console noise turned down, the job's runtime environment, a
+progress bar from a worker drawn by the driver, one-line errors when the cluster can never run the job, and Ray
+Train's local mode. Their flags are common/flags.py's, runs by name common/runs.py's."""
 import logging
 import os
-import re
 import socket
 import sys
 import traceback
@@ -28,42 +26,6 @@ RESIZE_CHECK_INTERVAL_S = float(os.environ.get("RAY_TRAIN_ELASTIC_MONITOR_INTERV
 # How long Ray Train waits for a worker group's resources before it tries again (Ray's default: 60 s). After a node
 # is lost, an elastic run first retries at the size it last saw, which no longer fits: it waits this long.
 ELASTIC_START_TIMEOUT_S = 10
-
-
-def add_ray_flags(parser, local_mode: bool = False, elastic: bool = False):
-    """The Ray steps' own flags, added to make_parser's; returns the parser. local_mode: the step also
-    takes --num-workers 0, Ray Train's local mode (the training function runs in this process). elastic: it also
-    takes --num-workers MIN-MAX, which becomes Ray's ScalingConfig(num_workers=(MIN, MAX)) (step 04)."""
-    parser.add_argument("--num-workers", type=worker_count if elastic else int, default=2,
-                        help="training processes, one GPU each with --use-gpu"
-                             + ("; 0: Ray Train's local mode, no Ray (debugging)" if local_mode else "")
-                             + ("; MIN-MAX: elastic, as many as the cluster holds (e.g. 1-4)" if elastic else ""))
-    parser.local_mode = local_mode
-    add_cluster_flags(parser)
-    parser.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
-    return parser
-
-
-def worker_count(text: str):
-    """--num-workers N, an int, or MIN-MAX, Ray's (min, max) tuple for an elastic run (N-N is N), checked with
-    the other flags (check_flags)."""
-    if bounds := re.fullmatch(r"(\d+)-(\d+)", text.strip()):
-        low, high = int(bounds[1]), int(bounds[2])
-        return low if low == high else (low, high)
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers; use N, or MIN-MAX (elastic)")
-
-
-def add_cluster_flags(parser) -> None:
-    """Where the work runs: flags the training steps share with step 06 (inference)."""
-    parser.add_argument("--use-gpu", action="store_true", default=None,
-                        help="one GPU per worker (default: when the cluster has GPUs)")
-    parser.add_argument("--no-gpu", dest="use_gpu", action="store_false", help="CPU workers even on a GPU cluster")
-    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "local"),
-                        help="HOST:PORT of a running Ray cluster (default: $RAY_ADDRESS, else 'local': start Ray "
-                             "on this machine)")
 
 
 def init_options(address: str) -> dict:

@@ -10,7 +10,8 @@ import torch
 
 from common.data import augment_batch, load_data, normalize
 from common.model import build_model
-from common.training import evaluate, peak_memory_mb, predict
+from common.reporting import peak_memory_mb
+from common.training import evaluate, predict
 from common.data import CROP_PADDING
 from common import data as data_module
 from checks import load_script
@@ -239,7 +240,7 @@ def test_evaluation_scores_the_mean_prediction_of_each_image_and_its_mirror():
 
 def test_peak_memory_is_megabytes_on_linux_and_on_macos():
     """ru_maxrss counts kilobytes on Linux and bytes on macOS: the same peak must read the same megabytes."""
-    from common.training import maxrss_units_per_mb
+    from common.reporting import maxrss_units_per_mb
 
     assert 5 * 2**20 / maxrss_units_per_mb("darwin") == 5 * 1024 / maxrss_units_per_mb("linux") == 5
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())

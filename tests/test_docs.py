@@ -436,7 +436,7 @@ def test_what_youll_see_is_what_the_script_prints(script, lines):
 
 def test_the_output_check_tells_a_changed_format_apart():
     path = ROOT / "01-vanilla-pytorch-ddp/train_ddp.py"
-    patterns = [p for source in [path, ROOT / "common/training.py"] for p in printed_patterns(source)]
+    patterns = [p for source in [path, ROOT / "common/reporting.py"] for p in printed_patterns(source)]
     keys = summary_keys(path)
     epoch = "epoch 1/1 | 2 processes | train loss 1.7735 | test acc 47.86% | 262.0 s | 191 img/s | peak mem 1,554 MB"
     assert line_problem(epoch, patterns, keys) is None

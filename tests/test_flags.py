@@ -7,8 +7,7 @@ import pytest
 
 from common import errors
 from common import flags as flags_module
-from common.flags import make_parser
-from common.ray_setup import add_ray_flags
+from common.flags import add_ray_flags, make_parser, worker_count
 from conftest import parse_only
 
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
@@ -272,4 +271,4 @@ def test_an_elastic_range_starts_on_its_min_and_waits_less_for_a_lost_node(monke
     args = argparse.Namespace(num_workers=(1, 4), use_gpu=None)
     assert ray_setup.check_cluster_and_choose_gpu(args) is False
     assert float(ray_setup.os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]) == ray_setup.ELASTIC_START_TIMEOUT_S
-    assert [ray_setup.worker_count(text) for text in ("2", "1-4", "3-3")] == [2, (1, 4), 3]
+    assert [worker_count(text) for text in ("2", "1-4", "3-3")] == [2, (1, 4), 3]
