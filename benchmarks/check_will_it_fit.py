@@ -30,7 +30,7 @@ from benchmarks.record import ROOT, describe_commit, describe_machine, made_by
 from common.meter import state_bytes
 from common.model import TRANSFORMER_BLOCK, build_model
 from common.training import make_optimizer
-from labs.harness import free_port
+from common.rendezvous import free_port
 
 WORLD_SIZE = 2
 TIMEOUT_S = 300  # the collectives' deadline, and each run's

@@ -31,7 +31,7 @@ from benchmarks.check_will_it_fit import load_step04, wrap
 from common.meter import state_bytes
 from common.model import build_model
 from common.training import make_optimizer
-from labs.harness import free_port
+from common.rendezvous import free_port
 
 RUN_TIMEOUT_S = 180  # one run's process, its collectives' deadline within it
 # name -> (strategy, FSDP2's bf16, FSDP2's offload, autocast, AdamW's implementation: None is the steps' own)

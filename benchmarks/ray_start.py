@@ -311,7 +311,7 @@ class running_cluster:
         self.tmp.mkdir()
 
     def __enter__(self) -> str:
-        from labs.harness import free_port
+        from common.rendezvous import free_port
         port = free_port()
         env = {**os.environ, "HOME": str(self.home), "RAY_AUTH_MODE": "token", "RAY_TMPDIR": str(self.tmp)}
         subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)

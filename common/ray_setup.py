@@ -16,6 +16,7 @@ from .errors import fail
 from .flags import flag_value
 from .ray_internals import (POLL_INTERVAL, PREEMPTION_WATCHER, PRINT_PATCH, WORKER_GROUP_START_TIMEOUT,
                             key_progress_bar)
+from .rendezvous import free_port
 from .worker_setup import quiet_report_logs
 
 POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls the workers (see init_options)
@@ -143,9 +144,6 @@ def prepare_local_mode(args) -> bool:
                    f"this machine; drop --use-gpu and --no-gpu")
     quiet_report_logs()  # no Ray job here, so no setup_worker
     if "WORLD_SIZE" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return torch.cuda.is_available()

@@ -7,10 +7,8 @@ import importlib.util
 import multiprocessing
 import os
 import platform
-import random
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -23,6 +21,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from common.flags import make_parser
+from common.rendezvous import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON_MODULES = ("common.data", "common.flags", "common.model", "common.training")  # replace_in_common
@@ -31,7 +30,6 @@ COMMON_MODULES = ("common.data", "common.flags", "common.model", "common.trainin
 # then hides a sampler that ignores --seed, or accuracies averaged over the ranks instead of counted.
 LAB_FLAGS = ["--data", "synthetic", "--model", "tiny", "--epochs", "2", "--steps-per-epoch", "4",
              "--batch-size", "32", "--lr", "1e-3", "--eval-images", "255", "--seed", "1"]
-RENDEZVOUS_PORTS = range(20000, 32768)
 # Where the reference runs are kept, once per machine for the code as it is: the checks compare every try of a lab
 # with the same runs, which depend on this repository's code alone, never on the attendee's file.
 CACHE = Path(os.environ.get("LABS_CACHE", Path.home() / ".cache" / "ray-train-workshop" / "labs"))
@@ -264,21 +262,6 @@ def save_reference(name: str, result):
     torch.save(result, partial)
     os.replace(partial, path)
     return result
-
-
-def free_port() -> int:
-    """A port for a rendezvous (MASTER_PORT), free now, below the range from which Linux (32768-60999) and macOS
-    (49152-65535) give connections their own port: one from that range is free now but not reserved, and until rank
-    0 listens on it any connection on the machine (another group's gloo pairs, Ray's workers) may be given it
-    (EADDRINUSE). torchrun's default, 29500, is below it too."""
-    for port in random.sample(RENDEZVOUS_PORTS, 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {RENDEZVOUS_PORTS}: free one, or wait for the runs that hold them")
 
 
 def start_ray(address: str, watched: dict | None = None, cpus: int = 2, **environment: str) -> None:

@@ -67,7 +67,7 @@ def python(script, *args, **kwargs) -> subprocess.CompletedProcess:
 
 
 def torchrun(script, nproc, *args, **kwargs) -> subprocess.CompletedProcess:
-    from labs.harness import free_port  # the rendezvous port, as the labs' checks pick it
+    from common.rendezvous import free_port  # as the labs' checks pick theirs
     return run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                 "--master-port", str(free_port()), str(ROOT / script), *args], **kwargs)
 

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from checks import load_script
 from conftest import ROOT
-from labs.harness import free_port
+from common.rendezvous import free_port
 
 WORLD_SIZE = 2
 TIMEOUT_S = 60  # the collectives' deadline, and each process's

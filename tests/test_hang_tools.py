@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labs.harness import free_port
+from common.rendezvous import free_port
 from processes import ROOT, kill_tree, start
 
 pytestmark = pytest.mark.upstream

@@ -889,15 +889,16 @@ def test_a_failed_runs_reason_is_the_workers_own_exception_not_rays_shortened_me
 
 def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_given(monkeypatch):
     """A lab's check once failed with EADDRINUSE: its MASTER_PORT, handed out by bind(0), had been given to another
-    connection on the machine before rank 0 listened on it. A port in use is passed over."""
-    from labs import harness
+    connection on the machine before rank 0 listened on it. A port in use is passed over. (Ray Train's local mode, the
+    tests and the benchmarks take theirs here too.)"""
+    from common import rendezvous
 
-    sample = harness.random.sample
+    sample = rendezvous.random.sample
     with socket.socket() as held:
-        held.bind(("127.0.0.1", harness.free_port()))
+        held.bind(("127.0.0.1", rendezvous.free_port()))
         taken = held.getsockname()[1]
-        monkeypatch.setattr(harness.random, "sample", lambda ports, k: [taken, *sample(ports, k - 1)])
-        port = harness.free_port()
+        monkeypatch.setattr(rendezvous.random, "sample", lambda ports, k: [taken, *sample(ports, k - 1)])
+        port = rendezvous.free_port()
     assert port != taken and 1024 < taken < 32768 and 1024 < port < 32768
 
 

@@ -28,7 +28,7 @@ ROOM_RUN_S = 240  # each of the room's runs, Ray's start included, on a laptop's
 def as_test_runs(command: str, work: Path) -> list:
     """The room's command as the rehearsal runs it (synthetic data, its own folders), cut, with this Python; torchrun
     on a free port (the suite's other runs use the default one)."""
-    from labs.harness import free_port
+    from common.rendezvous import free_port
     words = rehearse.as_run(command, work, data_dir=None)
     words += CUT.get(Path(rehearse.script_of(words)).name, CUT_TRAINING)
     if words[0] == "torchrun":

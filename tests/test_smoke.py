@@ -23,7 +23,7 @@ from common.model import build_model
 from checks import LAST_LINE_MAX, assert_sane_summary, checkpoint_weights, final_json
 from conftest import EVAL_IMAGES, RAY_FSDP2, ROOT, SMOKE, TUNE, finished_sweep, forbid_ray
 from processes import python, start
-from labs.harness import free_port
+from common.rendezvous import free_port
 
 pytestmark = pytest.mark.smoke
 LOCAL_MODE = ["--num-workers", "0"]
