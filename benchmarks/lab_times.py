@@ -26,7 +26,7 @@ def main():
     parser.add_argument("--labs", nargs="+", choices=LABS, default=list(LABS))
     args = parser.parse_args()
     machine, made = describe_machine(), made_by(describe_commit(("labs", "common"), "labs/ or common/"))
-    # As on an attendee's machine at the workshop's start: no reference run kept yet (labs.harness.CACHE), so a lab's
+    # As on an attendee's machine at the workshop's start: no reference run kept yet (labs.cache.CACHE), so a lab's
     # first check (the untouched file's) makes them, and the next ones read them back.
     with tempfile.TemporaryDirectory() as cache:
         os.environ["LABS_CACHE"] = cache

@@ -11,7 +11,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from labs.harness import ROOT, Outcome
+from labs.harness import ROOT
+from labs.outcome import Outcome
 
 # Every wait inside a check has a deadline of its own (a collective's, a report's, an actor pool's start); a run that
 # waits for anything else ends here, several times the slowest check's time on a busy 2-core machine.

@@ -6,10 +6,12 @@ import torch
 from common.data import augment_batch, load_data
 from common.model import build_model
 from common.training import evaluate, make_optimizer
-from labs.harness import in_float64, lab_args, load_reference, save_reference
+from labs.cache import load_reference, save_reference
+from labs.harness import lab_args
+from labs.patching import in_float64
 
 # How far the ranks' run may be from the reference's (a relative difference of gradients or of the weights' updates;
-# an absolute one of losses near 2), both run in float64 (labs.harness.in_float64). A batch split over 2 ranks sums
+# an absolute one of losses near 2), both run in float64 (labs.patching.in_float64). A batch split over 2 ranks sums
 # in another order than 1 process's, and AdamW's division by sqrt(v) + eps magnifies the difference step after
 # step: in float32 it reached 4e-6 to 8e-6 by step 8 on an Intel Xeon (AVX-512, ATen's kernels at avx512, avx2 or
 # default, MKL's and oneDNN's held to AVX2 or SSE), and passed the old bound of 1e-4 on an AMD Zen 3. In float64
@@ -81,7 +83,7 @@ def zeros_if_none(tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def gathered(ranks: list[dict], sharded: set) -> dict:
-    """One optimizer step's gradients from every rank's record (labs.harness.watch_training), as whole parameters:
+    """One optimizer step's gradients from every rank's record (labs.patching.watch_training), as whole parameters:
     a sharded one's shards put back together in rank order (FSDP2 shards dim 0), a whole one's from rank 0."""
     return {name: torch.cat([rank[name] for rank in ranks]) if name in sharded else ranks[0][name]
             for name in ranks[0]}

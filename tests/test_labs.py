@@ -92,7 +92,7 @@ CHECK_TIMEOUT_S = 280  # within pytest-timeout's 300 s per test
 
 @pytest.fixture(autouse=True, scope="module")
 def reference_runs_of_this_suite(tmp_path_factory):
-    """The checks' reference runs (labs.harness.CACHE) kept for this suite alone: the first check of a lab runs them,
+    """The checks' reference runs (labs.cache.CACHE) kept for this suite alone: the first check of a lab runs them,
     the next ones read them back."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LABS_CACHE", str(tmp_path_factory.mktemp("labs-cache")))
@@ -842,28 +842,28 @@ def fsdp_units(shard_model) -> list[tuple[str, bool]]:
 def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     """A check's reference run is read back while nothing it depends on changed: the attendee's lab file is no part
     of it. Changed code of common/, other lab flags, kernels held lower or another processor make a new run."""
-    from labs import harness
+    from labs import cache
 
     for path in ("common/model.py", "labs/01_ddp.py"):
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text("# as shipped\n")
-    monkeypatch.setattr(harness, "ROOT", tmp_path)
-    monkeypatch.setattr(harness, "CACHE", tmp_path / "cache")
-    assert harness.load_reference("recipe") is None
-    assert harness.save_reference("recipe", {"loss": 1.5}) == {"loss": 1.5} == harness.load_reference("recipe")
+    monkeypatch.setattr(cache, "ROOT", tmp_path)
+    monkeypatch.setattr(cache, "CACHE", tmp_path / "cache")
+    assert cache.load_reference("recipe") is None
+    assert cache.save_reference("recipe", {"loss": 1.5}) == {"loss": 1.5} == cache.load_reference("recipe")
     (tmp_path / "labs/01_ddp.py").write_text("# the attendee's try\n")
-    assert harness.load_reference("recipe") == {"loss": 1.5}
+    assert cache.load_reference("recipe") == {"loss": 1.5}
     (tmp_path / "common/model.py").write_text("# a wider model\n")
-    assert harness.load_reference("recipe") is None
-    harness.save_reference("recipe", {"loss": 1.2})
-    monkeypatch.setattr(harness, "LAB_FLAGS", [*harness.LAB_FLAGS, "--lr", "2e-3"])
-    assert harness.load_reference("recipe") is None
-    harness.save_reference("recipe", {"loss": 1.1})
+    assert cache.load_reference("recipe") is None
+    cache.save_reference("recipe", {"loss": 1.2})
+    monkeypatch.setattr(cache, "LAB_FLAGS", [*cache.LAB_FLAGS, "--lr", "2e-3"])
+    assert cache.load_reference("recipe") is None
+    cache.save_reference("recipe", {"loss": 1.1})
     monkeypatch.setenv("MKL_CBWR", "AVX2")  # MKL's kernels as on an older processor: they round otherwise
-    assert harness.load_reference("recipe") is None
-    harness.save_reference("recipe", {"loss": 1.0})
-    monkeypatch.setattr(harness, "processor", lambda: "another processor")
-    assert harness.load_reference("recipe") is None
+    assert cache.load_reference("recipe") is None
+    cache.save_reference("recipe", {"loss": 1.0})
+    monkeypatch.setattr(cache, "processor", lambda: "another processor")
+    assert cache.load_reference("recipe") is None
 
 
 def test_a_failed_runs_reason_is_the_workers_own_exception_not_rays_shortened_message():
@@ -872,7 +872,7 @@ def test_a_failed_runs_reason_is_the_workers_own_exception_not_rays_shortened_me
     own exception. A run that hung shows the ranks that never joined; an error with no worker's, its last line."""
     from ray.train import WorkerGroupError
 
-    from labs.harness import ray_error
+    from labs.ray_runs import ray_error
 
     raised = RuntimeError("Error(s) in loading state_dict for DistributedDataParallel:\n\tMissing key(s) in "
                           "state_dict: \"module.conv_proj.weight\", \"module.encoder.pos_embedding\".")
@@ -903,12 +903,12 @@ def test_a_rendezvous_port_is_free_and_below_the_ports_that_connections_are_give
 
 
 def ranks_running(folder, rank0: str, rank1: str) -> list:
-    """Two ranks started as labs.harness starts a lab's, each running its line of Python (builtins.exec as the
+    """Two ranks started as labs/ranks.py starts a lab's, each running its line of Python (builtins.exec as the
     entry)."""
-    from labs import harness
+    from labs import ranks as lab_ranks
 
     source = f"import os\nif os.environ['RANK'] == '0':\n    {rank0}\nelse:\n    {rank1}\n"
-    return harness.start_ranks("builtins:exec", source, 2, folder)
+    return lab_ranks.start_ranks("builtins:exec", source, 2, folder)
 
 
 # gloo's abort; pytest's faulthandler, which a forked process inherits, would print every thread's stack.
@@ -922,26 +922,26 @@ ABORT = "import faulthandler; faulthandler.disable(); os.abort()"
 def test_a_rank_that_aborts_leaves_its_peer_time_to_say_why(tmp_path, monkeypatch, peer, says):
     """gloo aborts a rank on a size mismatch (hang-shape): no traceback of its own. Its peer, given a collective's
     timeout, says why it stops; one that says nothing leaves the abort named, never "the ranks timed out"."""
-    from labs import harness
+    from labs import ranks as lab_ranks
 
-    monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 3)
+    monkeypatch.setattr(lab_ranks, "COLLECTIVE_TIMEOUT_S", 3)
     ranks = ranks_running(tmp_path, ABORT, peer)
     start = time.monotonic()
-    with pytest.raises(harness.RunFailed, match=says):
-        harness.results(ranks, tmp_path, timeout=60)
+    with pytest.raises(lab_ranks.RunFailed, match=says):
+        lab_ranks.results(ranks, tmp_path, timeout=60)
     assert time.monotonic() - start < 10
 
 
 def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch):
     """A rank's Python error already says why the run stopped: its peer, waiting in a collective, is ended at once,
     not given a collective's timeout (each check of a wrong answer that hangs would wait that much longer)."""
-    from labs import harness
+    from labs import ranks as lab_ranks
 
-    monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT_S", 60)
+    monkeypatch.setattr(lab_ranks, "COLLECTIVE_TIMEOUT_S", 60)
     ranks = ranks_running(tmp_path, "raise ValueError('x')", "import time; time.sleep(3600)")
     start = time.monotonic()
-    with pytest.raises(harness.RunFailed, match="ValueError: x"):
-        harness.results(ranks, tmp_path, timeout=120)
+    with pytest.raises(lab_ranks.RunFailed, match="ValueError: x"):
+        lab_ranks.results(ranks, tmp_path, timeout=120)
     assert time.monotonic() - start < 10
 
 
@@ -949,18 +949,19 @@ def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch)
 def test_a_labs_ranks_start_with_torchruns_environment_forked_or_not(tmp_path, monkeypatch, method):
     """Ranks are forked on Linux (START_RANK) and started as new interpreters elsewhere: either way each gets its
     own RANK of the WORLD_SIZE, and what its entry returned comes back in rank order."""
-    from labs import harness
+    from labs import ranks as lab_ranks
 
-    monkeypatch.setattr(harness, "START_RANK", multiprocessing.get_context(method))
-    ranks = harness.start_ranks("os:getenv", "RANK", 2, tmp_path)  # each rank returns os.getenv("RANK")
-    assert harness.results(ranks, tmp_path, timeout=60) == ["0", "1"]
+    monkeypatch.setattr(lab_ranks, "START_RANK", multiprocessing.get_context(method))
+    ranks = lab_ranks.start_ranks("os:getenv", "RANK", 2, tmp_path)  # each rank returns os.getenv("RANK")
+    assert lab_ranks.results(ranks, tmp_path, timeout=60) == ["0", "1"]
 
 
 def test_a_labs_ray_job_imports_this_repository_then_the_path_its_check_was_given(monkeypatch):
     """The job's PYTHONPATH, which Ray would otherwise replace: the suite's startup/ folder (conftest.py) stays."""
     import ray
 
-    from labs.harness import ROOT, start_ray
+    from labs.harness import ROOT
+    from labs.ray_runs import start_ray
 
     given = {}
     monkeypatch.setattr(os, "environ", {**os.environ, "PYTHONPATH": "/some/where"})  # what start_ray sets stays here

@@ -5,7 +5,9 @@ counts the reduce-scatters each rank issued; every optimizer step's gradients ar
 from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
 from labs.checks.fully_shard import watch
-from labs.harness import Outcome, RunFailed, crashed, lab_args, run_ranks
+from labs.harness import lab_args
+from labs.outcome import Outcome, crashed
+from labs.ranks import RunFailed, run_ranks
 
 ACCUMULATE = ["--grad-accum-steps", "2"]
 SAME_STEPS = ("one optimizer step per 2 micro-batches, with 1 process's gradients of the whole batch: summed over "

@@ -10,7 +10,10 @@ import torch.distributed.distributed_c10d as c10d
 
 import labs
 from labs import reference
-from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.patching import watch_training
+from labs.ranks import RunFailed, run_ranks
 
 DIAGNOSED = "DIAGNOSIS names the rank, the collective and the line where the untouched file waits"
 ENDS = "the run ends: every rank calls the same collectives, in the same order, with the same shapes"

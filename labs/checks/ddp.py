@@ -1,7 +1,7 @@
 """Lab 01's checks: main() in 2 processes against the recipe in 1 process on whole batches (labs.reference), both in
 float64. Each rank runs the lab under watch (the functions of common/ it calls, replaced where they are defined): which
 images each step trained and in what process group (augment_batch sees their ids), the gradients of every optimizer step
-and the final weights (labs.harness.watch_training), and what each rank's evaluation scored."""
+and the final weights (labs.patching.watch_training), and what each rank's evaluation scored."""
 import itertools
 import os
 
@@ -11,7 +11,10 @@ import torch.distributed as dist
 from common.data import augment_batch, load_data
 from common.training import evaluate
 from labs import reference
-from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.patching import watch_training
+from labs.ranks import RunFailed, run_ranks
 
 ONE_GROUP = "2 processes join one process group, and leave it when training ends"
 SHARDS = "each step, the ranks train disjoint halves of 1 process's batch, shuffled with --seed, anew each epoch"

@@ -1,6 +1,6 @@
 """Lab 04's checks: main() in 2 processes, under a profiler, against the recipe in 1 process, unsharded
 (labs.reference), both in float64. Each rank records what it holds once shard_model returns, the gradients of every
-optimizer step (its shards of them: labs.harness.watch_training), and the collectives it issued."""
+optimizer step (its shards of them: labs.patching.watch_training), and the collectives it issued."""
 import collections
 
 import torch
@@ -8,7 +8,10 @@ from torch.distributed.tensor import DTensor
 
 from common.model import TRANSFORMER_BLOCK, build_model
 from labs import reference
-from labs.harness import Outcome, RunFailed, crashed, lab_args, load_lab, run_ranks, watch_training
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.patching import watch_training
+from labs.ranks import RunFailed, run_ranks
 
 HALF_EACH = "the 2 ranks hold the model once between them, about half each (a shard of every parameter)"
 SAME_TRAINING = "2 sharded ranks train what 1 unsharded process trains (every step's gradients and loss)"

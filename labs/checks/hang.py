@@ -1,5 +1,5 @@
 """Lab 02-hang's checks: the lab's train_func on 2 Ray workers, with Ray's collective timeout set so that a report
-that one rank never joins ends the run with an error (labs.harness.start_ray). In every process of Ray's job,
+that one rank never joins ends the run with an error (labs.ray_runs.start_ray). In every process of Ray's job,
 ray.train.report records each call: its rank, whether it attached a checkpoint, its metrics and a digest of the
 rank's weights (of the model build_model built, labs.watch). Each checkpoint the run kept is then loaded into a plain
 model, as step 06 loads one, and compared with rank 0's weights at its epoch's report."""
@@ -12,7 +12,10 @@ from ray.train.torch import TorchTrainer
 
 from labs import watch
 from labs.checkpoints import unloadable
-from labs.harness import COLLECTIVE_TIMEOUT_S, Outcome, lab_args, load_lab, ray_error, start_ray
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome
+from labs.ranks import COLLECTIVE_TIMEOUT_S
+from labs.ray_runs import ray_error, start_ray
 
 ENDS = f"the run ends without an error: no report waits {COLLECTIVE_TIMEOUT_S} s for a rank that never joins it"
 EQUAL_REPORTS = "every rank calls ray.train.report equally often: once per epoch"

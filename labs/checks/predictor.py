@@ -10,7 +10,9 @@ import ray.data
 
 from common.data import load_data
 from labs import reference, watch
-from labs.harness import Outcome, ROOT, crashed, lab_args, load_lab, ray_error, start_ray
+from labs.harness import ROOT, lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.ray_runs import ray_error, start_ray
 
 POOL = "a pool of 2 actors classifies the images: every forward pass runs in one of 2 actor processes"
 ONCE_PER_ACTOR = "each actor builds the model and loads the weights once, not once per batch"

@@ -12,8 +12,11 @@ import torch
 from labs import watch
 from labs.checks import ddp
 from labs.checkpoints import unloadable
-from labs.harness import (Outcome, ROOT, crashed, lab_args, load_lab, load_reference, ray_error, results,
-                          save_reference, start_ranks, start_ray)
+from labs.cache import load_reference, save_reference
+from labs.harness import ROOT, lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.ranks import results, start_ranks
+from labs.ray_runs import ray_error, start_ray
 
 ON_RAY = "fit() trains train_func on 2 Ray workers in one process group, in the run `name` under storage"
 SAME_TRAINING = "the workers train torchrun's shards of every epoch, and keep the same weights (gradients averaged)"
@@ -25,7 +28,7 @@ CHECKS = [ON_RAY, SAME_TRAINING, REPORTS, RESUMES]
 RESUMES_HINT = ("Ray hands a resumed run's workers the last checkpoint the run reported (ray.train.get_checkpoint): "
                 "training goes on after its epoch, from everything it holds, loaded into the model DDP wraps")
 TORCHRUN_LAB = ROOT / "labs" / "solutions" / "01_ddp.py"
-TORCHRUN = "lab-01-solution-torchrun"  # the reference run's name (labs.harness.load_reference)
+TORCHRUN = "lab-01-solution-torchrun"  # the reference run's name (labs.cache.load_reference)
 NAME, EPOCHS = "lab02", 3  # the second run's epochs; the first run trains lab_args().epochs (2)
 
 

@@ -13,7 +13,9 @@ from ray.tune.search.sample import Domain, LogUniform
 
 from common.data import load_data
 from labs import watch
-from labs.harness import Outcome, crashed, lab_args, load_lab, ray_error, start_ray
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome, crashed
+from labs.ray_runs import ray_error, start_ray
 
 VALIDATION = "every trial trains on cifar10-val and is scored on the images it holds out, not the test set's"
 SEARCHED = "lr and weight_decay are searched on a log scale around the recipe's, and every trial tries other values"
