@@ -29,8 +29,8 @@ from common.flags import add_ray_flags, make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from common.ray_setup import check_cluster_and_choose_gpu, init_options, progress_bar, worker_setup
-from common.runs import print_best, run_folder, run_name
 from common.reporting import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common.runs import print_best, run_folder, run_name
 from common.training import evaluate, make_optimizer, make_scheduler
 
 STEP = "ray_fsdp"

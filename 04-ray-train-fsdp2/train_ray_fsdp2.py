@@ -34,8 +34,9 @@ from common.flags import add_fsdp2_flags, add_ray_flags, make_parser
 from common.meter import RunMeter, print_run_summary
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from common.ray_setup import check_cluster_and_choose_gpu, init_options, progress_bar, worker_setup
-from common.runs import print_best, run_folder, run_name
 from common.reporting import epoch_line, gather_from_ranks, peak_memory_mb, this_node
+from common.runs import print_best, run_folder, run_name
+from common.torch_internals import checkpoint_activations  # torch's composable checkpoint
 from common.training import evaluate, make_optimizer, make_scheduler
 from common.ray_setup import RESIZE_CHECK_INTERVAL_S  # elastic: how often Ray looks for workers
 
@@ -197,6 +198,8 @@ def shard_model(model, args, device) -> None:
         policies["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for module in model.modules():
         if isinstance(module, TRANSFORMER_BLOCK):
+            if args.activation_checkpointing:  # backward runs the block's forward again
+                checkpoint_activations(module)
             fully_shard(module, mesh=mesh, reshard_after_forward=args.reshard_after_forward,
                         **policies)
     if args.mixed_precision:  # fp32 logits out of the root, so the loss is computed in fp32

@@ -134,7 +134,8 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=timedelta(seconds=TIMEOUT_S))
     flags = SimpleNamespace(mixed_precision=config["mixed_precision"], cpu_offload=config["cpu_offload"],
-                            reshard_after_forward=config.get("reshard_after_forward", True), weight_decay=0.05, lr=1e-3)
+                            reshard_after_forward=config.get("reshard_after_forward", True),
+                            activation_checkpointing=False, weight_decay=0.05, lr=1e-3)
     sent, counting = Counter(), Counter()
     profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     profiler.start()  # before the model exists: every byte it and the steps hold is counted from here

@@ -115,7 +115,7 @@ def measure(config: dict) -> dict:
     if cuda:
         used["after_first_collective"] = device_used_beside_allocator()
     flags = SimpleNamespace(mixed_precision=config["mixed_precision"], cpu_offload=config["cpu_offload"],
-                            reshard_after_forward=True, weight_decay=0.05, lr=1e-3)
+                            reshard_after_forward=True, activation_checkpointing=False, weight_decay=0.05, lr=1e-3)
     torch.manual_seed(0)
     # Built where its parameters live: on the GPU, or in host memory for FSDP2's offload, which keeps them there
     with torch.device("cpu" if config["cpu_offload"] else device):

@@ -91,11 +91,15 @@ def add_data_flags(p: Parser) -> None:
 
 
 def add_fsdp2_flags(parser: Parser) -> Parser:
-    """Step 04's own flags (FSDP2's mixed precision, CPU offload and resharding), added to the others."""
+    """Step 04's own flags (FSDP2's mixed precision, CPU offload and resharding, activation checkpointing), added to
+    the others."""
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 weights and reductions")
     parser.add_argument("--cpu-offload", action="store_true", help="keep shards and optimizer state in host memory")
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="free each block's gathered weights after forward (less memory, one more all-gather)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="keep each block's input alone, recompute the rest in backward (less memory, "
+                             "one more forward of every block)")
     return parser
 
 

@@ -9,6 +9,11 @@ import torch
 # public torch.device("meta") allocates nothing too, but runs no CPU kernel's choices (attention's among them).
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
 
+# Activation checkpointing of a module as it is: hooks that keep its input and recompute the rest in backward
+# (torch.utils.checkpoint, non-reentrant). The public torch.utils.checkpoint needs the block's forward rewritten, and
+# torch's checkpoint_wrapper renames every parameter of the block it wraps; FSDP2's fully_shard composes with this.
+from torch.distributed._composable import checkpoint as checkpoint_activations  # noqa: F401
+
 
 def storage_key(tensor: torch.Tensor) -> int:
     """One number per storage: a view and the tensor it views share it, so bytes are counted once. The public

@@ -49,7 +49,8 @@ def one_step(rank: int, strategy: str, port: int, counts: dict) -> None:
             return scatter(output, input, *args, **kwargs)
         dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
         step04 = load_script("04-ray-train-fsdp2/train_ray_fsdp2.py")
-        flags = SimpleNamespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True)  # the defaults
+        flags = SimpleNamespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True,  # the defaults
+                                activation_checkpointing=False)
         step04.shard_model(model, flags, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     torch.nn.functional.cross_entropy(model(images), labels).backward()

@@ -825,7 +825,8 @@ def constructor(module: ast.Module) -> list[str]:
 def test_lab04_solution_shards_as_the_step_script_does(gloo_group_of_one):
     """The same units, each freeing or keeping its gathered weights after forward, as step 04's shard_model."""
     solution, script = load_script("labs/solutions/04_fully_shard.py"), load_script(RAY_FSDP2)
-    flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True)
+    flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True,
+                               activation_checkpointing=False)
     units = fsdp_units(lambda model: solution.shard_model(model, gloo_group_of_one))
     assert units == fsdp_units(lambda model: script.shard_model(model, flags, torch.device("cpu")))
     assert len(units) == 7 and [reshards for _, reshards in units] == [False] + [True] * 6

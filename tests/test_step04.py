@@ -74,7 +74,8 @@ def fsdp2_module(gloo_group_of_one):
 def sharded_tiny_model(module, mixed_precision, cpu_offload):
     torch.manual_seed(0)
     model = build_model("tiny")
-    flags = argparse.Namespace(mixed_precision=mixed_precision, cpu_offload=cpu_offload, reshard_after_forward=True)
+    flags = argparse.Namespace(mixed_precision=mixed_precision, cpu_offload=cpu_offload, reshard_after_forward=True,
+                               activation_checkpointing=False)
     module.shard_model(model, flags, torch.device("cpu"))
     return model
 
@@ -85,7 +86,7 @@ def test_meta_built_model_starts_from_the_seeded_weights(fsdp2_module, cpu_offlo
     with torch.device("meta"):
         model = build_model("tiny")
     flags = argparse.Namespace(mixed_precision=False, cpu_offload=cpu_offload, reshard_after_forward=True,
-                               seed=3, model="tiny")
+                               activation_checkpointing=False, seed=3, model="tiny")
     fsdp2_module.shard_model(model, flags, torch.device("cpu"))
     fsdp2_module.load_initial_weights(model, flags, torch.device("cpu"))
     torch.manual_seed(3)
@@ -128,6 +129,42 @@ def test_without_mixed_precision_compute_stays_fp32(fsdp2_module):
     model.encoder.layers[0].mlp[0].register_forward_hook(lambda mod, inputs, output: seen.append(inputs[0].dtype))
     model(torch.zeros(2, 3, 32, 32))
     assert seen == [torch.float32]
+
+
+def one_step_checkpointed_or_not(module, activation_checkpointing: bool) -> tuple:
+    """The loss, the gradients and MemTracker's peak (live tensors) of one forward and backward of the sharded tiny
+    model on 16 synthetic images."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    torch.manual_seed(0)
+    model = build_model("tiny")
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision's 0 would send the blocks no gradient
+    flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True,
+                               activation_checkpointing=activation_checkpointing)
+    module.shard_model(model, flags, torch.device("cpu"))
+    data = load_data("synthetic", "")
+    images, labels = normalize(data.train_images[:16]), data.train_labels[:16]
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    return loss.detach(), grads, tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def test_activation_checkpointing_keeps_the_loss_and_gradients_to_the_bit_and_lowers_the_peak(fsdp2_module):
+    """--activation-checkpointing recomputes each block's forward in backward: the same kernels on the same inputs,
+    so the same bits (no dropout in the presets); what it keeps between forward and backward is each block's input
+    instead of all it saves. Measured on tiny at 16 images (MemTracker, live tensors): 16.2 MiB against 43.7 (Zen 4).
+    The bound, three quarters, is far from both: what checkpointing drops is tensors' sizes, the same on any processor,
+    and over half of the peak here."""
+    loss, grads, peak = one_step_checkpointed_or_not(fsdp2_module, False)
+    loss_ac, grads_ac, peak_ac = one_step_checkpointed_or_not(fsdp2_module, True)
+    assert torch.equal(loss, loss_ac)
+    assert grads["encoder.layers.encoder_layer_0.mlp.0.weight"].abs().max() > 0  # the blocks learn: not 0 == 0
+    assert grads.keys() == grads_ac.keys() and all(torch.equal(grads[k], grads_ac[k]) for k in grads)
+    assert peak_ac < 0.75 * peak, (peak_ac / 2**20, peak / 2**20)
 
 
 def fsdp_units(model) -> list:

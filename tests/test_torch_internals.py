@@ -3,7 +3,8 @@ installed torch. A torch release that moves one fails here, by name, rather than
 import pytest
 import torch
 
-from common.torch_internals import FakeTensorMode, autocast_on_fake_tensors, fused_attention_on_fake_cuda, storage_key
+from common.torch_internals import (FakeTensorMode, autocast_on_fake_tensors, checkpoint_activations,
+                                    fused_attention_on_fake_cuda, storage_key)
 
 
 def test_fake_tensors_have_shapes_and_run_kernels_but_hold_no_memory():
@@ -56,3 +57,14 @@ def test_cuda_autocast_runs_on_fake_tensors_with_cudas_own_op_lists():
         if not torch.cuda.is_available():  # the reason for the function: torch's own turns itself off
             with pytest.warns(UserWarning, match="Disabling autocast"), torch.autocast("cuda", torch.bfloat16):
                 assert torch.nn.functional.linear(x, w).dtype == torch.float32
+
+
+def test_checkpointed_activations_keep_the_modules_names_and_recompute_in_backward():
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    names = list(block.state_dict())
+    checkpoint_activations(block)
+    assert list(block.state_dict()) == names  # a checkpoint taken with it loads without it
+    ran = []
+    block[0].register_forward_hook(lambda *_: ran.append("forward"))
+    block(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert ran == ["forward", "forward"]  # once in forward, again in backward

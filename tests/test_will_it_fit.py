@@ -240,6 +240,7 @@ def test_giant_on_8_ranks_answers_in_seconds_without_allocating_it():
     (["--module", "nowhere:factory"], "--module nowhere:factory"),
     (["--strategy", "ddp", "--cpu-offload"], "step 04's (FSDP2) flags"),
     (["--memory-per-device", "lots"], "write it as 80GiB"),
+    (["--activation-checkpointing"], "is not modelled yet"),
 ])
 def test_bad_input_is_one_line(run_main, flags, expected):
     code, stderr = run_main(SCRIPT, *flags)  # a checked value's error is the exit code, argparse's is printed
