@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from labs.harness import LAB_FLAGS, ROOT
+from labs import harness
 
 # Where the reference runs are kept, once per machine for the code as it is: the checks compare every try of a lab
 # with the same runs, which depend on this repository's code alone, never on the attendee's file.
@@ -24,8 +24,9 @@ def cached(name: str) -> Path:
     """The file that keeps the reference run `name`: its name holds a digest of everything the run depends on (the
     code in REFERENCE_CODE, the lab's flags, torch's version, the kernels it ran), so a change to any of them makes a
     new run."""
-    digest = hashlib.sha256(f"{name} {LAB_FLAGS} {torch.__version__} {kernels()}".encode())
-    for path in sorted(path for pattern in REFERENCE_CODE for path in ROOT.glob(pattern)):
+    # the harness's flags and root, as lab_args reads them: one binding, whatever a test replaces
+    digest = hashlib.sha256(f"{name} {harness.LAB_FLAGS} {torch.__version__} {kernels()}".encode())
+    for path in sorted(path for pattern in REFERENCE_CODE for path in harness.ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     return CACHE / f"{name}-{digest.hexdigest()[:16]}.pt"
 

@@ -843,12 +843,12 @@ def fsdp_units(shard_model) -> list[tuple[str, bool]]:
 def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     """A check's reference run is read back while nothing it depends on changed: the attendee's lab file is no part
     of it. Changed code of common/, other lab flags, kernels held lower or another processor make a new run."""
-    from labs import cache
+    from labs import cache, harness
 
     for path in ("common/model.py", "labs/01_ddp.py"):
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text("# as shipped\n")
-    monkeypatch.setattr(cache, "ROOT", tmp_path)
+    monkeypatch.setattr(harness, "ROOT", tmp_path)
     monkeypatch.setattr(cache, "CACHE", tmp_path / "cache")
     assert cache.load_reference("recipe") is None
     assert cache.save_reference("recipe", {"loss": 1.5}) == {"loss": 1.5} == cache.load_reference("recipe")
@@ -857,7 +857,7 @@ def test_a_reference_run_is_kept_for_the_code_as_it_is(tmp_path, monkeypatch):
     (tmp_path / "common/model.py").write_text("# a wider model\n")
     assert cache.load_reference("recipe") is None
     cache.save_reference("recipe", {"loss": 1.2})
-    monkeypatch.setattr(cache, "LAB_FLAGS", [*cache.LAB_FLAGS, "--lr", "2e-3"])
+    monkeypatch.setattr(harness, "LAB_FLAGS", [*harness.LAB_FLAGS, "--lr", "2e-3"])
     assert cache.load_reference("recipe") is None
     cache.save_reference("recipe", {"loss": 1.1})
     monkeypatch.setenv("MKL_CBWR", "AVX2")  # MKL's kernels as on an older processor: they round otherwise
