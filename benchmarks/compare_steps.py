@@ -3,6 +3,8 @@
     python benchmarks/compare_steps.py --data-dir DIR                 # steps, memory, inference
     python benchmarks/compare_steps.py --data-dir DIR --only recipe   # the 10-epoch recipe, seeds 0 and 1
     python benchmarks/compare_steps.py --data-dir DIR --only recipe --recipe-seeds 1 --update   # redo one seed
+    python benchmarks/compare_steps.py --data-dir DIR --only tp tp-giant --steps-per-epoch 30 \
+        --out benchmarks/published/tensor-parallel     # step 07 beside DDP and FSDP2
 
 What each section runs and measures: benchmarks/README.md. Every number comes from the final JSON line the scripts
 print; each run's output is kept in <out>/logs/, the machine, date and commit in <out>/results.json.
@@ -32,6 +34,8 @@ from common.model import DEFAULT_PRESET, PRESETS, build_model, count_params
 KEPT_CHECKPOINTS = ROOT / "benchmarks" / "results" / "checkpoints"  # git-ignored: tens of MB each
 ADAMW_FP32_BYTES_PER_PARAM = 16  # weight, gradient and AdamW's two moments, 4 bytes each
 # Step 05 as its README runs it in class: 4 trials of one short epoch, one worker each
+# Sections that run only when --only names them: the 10-epoch recipe, and step 07's comparison (its own table)
+ASKED_BY_NAME = ("recipe", "tp", "tp-giant")
 STEP_05_IN_CLASS = ["--num-workers", "1", "--num-samples", "4", "--epochs", "1", "--steps-per-epoch", "50"]
 
 
@@ -45,9 +49,9 @@ def main():
         check_comparable(previous, machine, args, out / "results.json")
     # The memory section last: its Ray instance (started when it starts) would run beside the steps' own
     planned = (plan_step_runs(args) + [Run("ray_tune", "tune", "ray_tune", 1, STEP_05_IN_CLASS)]
-               + plan_inference_runs(args) + plan_memory_runs(args) + plan_recipe_runs(args))
-    only = set(args.only)  # run names or sections; by default every run but the recipe's
-    runs = [r for r in planned if ({r.name, r.section} & only if only else r.section != "recipe")]
+               + plan_inference_runs(args) + plan_memory_runs(args) + plan_recipe_runs(args) + plan_tp_runs(args))
+    only = set(args.only)  # run names or sections; by default every run but those of the sections asked by name
+    runs = [r for r in planned if ({r.name, r.section} & only if only else r.section not in ASKED_BY_NAME)]
     if not runs:
         raise SystemExit(f"error: --only {' '.join(args.only)} matches no run; names: "
                          f"{', '.join(r.name for r in planned)}")
@@ -141,7 +145,8 @@ def parse_args():
     p.add_argument("--exact-test-images", type=int, default=None,
                    help="recipe section: also score each checkpoint on the first N test images alone")
     p.add_argument("--only", nargs="+", default=[],
-                   help="run names or sections (steps, memory, inference, recipe); default: all but recipe")
+                   help="run names or sections (steps, memory, inference, recipe, tp, tp-giant); default: all but "
+                        "recipe, tp and tp-giant")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--update", action="store_true",
                    help="keep the runs already in <out>/results.json that this command does not redo")
@@ -223,6 +228,17 @@ def plan_recipe_runs(args) -> list:
                         str(args.exact_test_images)]) for seed in args.recipe_seeds if args.exact_test_images]
 
 
+def plan_tp_runs(args) -> list:
+    """Step 07 beside DDP and FSDP2 on --num-workers: the steps section's settings (tp), and one step of
+    --memory-model as the memory section runs it (tp-giant), where DDP is predicted, as there, when it cannot fit."""
+    n = args.num_workers
+    runs = [Run(f"tp_{step}", "tp", step, n) for step in ("ray_ddp", "ray_fsdp2", "ray_tp")]
+    memory = {r.name: r for r in plan_memory_runs(argparse.Namespace(**{**vars(args), "memory_workers": [n]}))}
+    ddp = memory[f"memory_ddp_n{n}"]
+    return runs + [Run(f"tp_giant_{step}", "tp-giant", step, n, skipped=ddp.skipped if step == "ray_ddp" else None)
+                   for step in ("ray_ddp", "ray_fsdp2", "ray_tp")]
+
+
 def start_memory_cluster(args, runs) -> str | None:
     """One Ray instance with a logical CPU per worker (4 workers on a 2-core machine are fine for a
     memory probe), which the memory runs attach to with --address."""
@@ -246,8 +262,8 @@ def command(run: Run, args, address: str | None) -> list:
         return [sys.executable, script, *data, *run.flags, "--out", str(scratch), *at]
     if run.section == "recipe":  # the steps' defaults, model included
         return [sys.executable, script, "--data", args.data, *data_dir, *run.flags]
-    if run.section == "memory":  # one step, one image per worker at the largest worker count, no retries
-        batch = str(math.lcm(*args.memory_workers))
+    if run.section in ("memory", "tp-giant"):  # one step, one image per worker at the largest count, no retries
+        batch = str(math.lcm(*args.memory_workers) if run.section == "memory" else run.workers)
         flags = ["--model", args.memory_model, "--data", "synthetic", "--epochs", "1", "--steps-per-epoch", "1",
                  "--batch-size", batch, "--eval-images", batch, "--max-failures", "0"]
     else:

@@ -31,6 +31,7 @@ LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
 ACTIVATIONS = PUBLISHED / "activations" / "results.json"
 RAY_START = PUBLISHED / "ray-start" / "results.json"
 RAY_START_LEVERS = PUBLISHED / "ray-start-levers" / "results.json"
+TENSOR_PARALLEL = PUBLISHED / "tensor-parallel" / "results.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
@@ -319,6 +320,8 @@ def steps_results_markdown(results: dict, title: str = "Benchmark results", abou
                   f"launch; best validation accuracy {run.summary['best']['best_accuracy']:.2%}.", ""]
     if recipe:
         lines += ["## The recipe, with the steps' defaults", ""] + recipe_table(recipe) + [""]
+    if runs(results, "tp") or runs(results, "tp-giant"):
+        lines += ["## Step 07: TP beside DDP and FSDP2", ""] + tensor_parallel_table(results) + [""]
     return "\n".join(lines) + "\n"
 
 
@@ -401,6 +404,41 @@ def figures(steps: list) -> list:
     return lines + [""] if len(lines) > 2 else []  # no heading over an empty list (a single run compares nothing)
 
 
+STRATEGIES = {"ray_ddp": "DDP (step 02)", "ray_fsdp": "FSDP1 (step 03)", "ray_fsdp2": "FSDP2 (step 04)",
+              "ray_tp": "TP (step 07)"}
+
+
+def tensor_parallel_table(results: dict) -> list:
+    """Step 07 beside DDP and FSDP2 on the same workers: the steps' settings (images/s, state and peak per rank),
+    then one step of the largest preset (state and peak per rank, or why it did not run)."""
+    def per_rank(r):
+        m = r.summary["memory_per_rank"]
+        return " / ".join(f"{x['params_mb'] + x['grads_mb'] + x['optimizer_mb']:,.1f}" for x in m)
+
+    def giant(r):
+        if r.status != "ok":
+            return [why_not(r).replace("skipped: ", ""), ""]
+        m = r.summary["memory_per_rank"]
+        return [" / ".join(f"{(x['params_mb'] + x['grads_mb'] + x['optimizer_mb']) / 1024:,.2f}" for x in m),
+                " / ".join(f"{p / 1024:,.1f}" for p in r.summary["peak_memory_mb"])]
+    small = {r.step: r for r in runs(results, "tp") if r.status == "ok"}
+    large = {r.step: r for r in runs(results, "tp-giant")}
+    rows = [[STRATEGIES[step], f"{steady_images_per_s(small[step].summary):,.0f}" if step in small else "-",
+             per_rank(small[step]) if step in small else "-",
+             peaks(small[step].summary) if step in small else "-", *(giant(large[step]) if step in large else
+                                                                     ["-", ""])] for step in STRATEGIES if
+            step in small or step in large]
+    first = next(iter(small.values())).summary
+    big = next((r.summary for r in large.values() if r.status == "ok"), {})
+    return table(["strategy", "images/s", "state per rank (MB)", "peak per rank (MB)",
+                  f"`{big.get('model', 'giant')}`, one step: state per rank (GiB)", "peak per rank (GiB)"], rows) + [
+        "", f"{results['runs'][0]['workers']} Ray workers on CPUs; `{first['model']}`, global batch "
+            f"{first['global_batch_size']}, {epochs_trained(results, first)}; `{big.get('model', 'giant')}` one step "
+            f"of {big.get('global_batch_size', '?')} images. State: parameters, gradients and AdamW state, the "
+            "bytes of the tensors each rank holds; peak: the process's peak resident memory. Measured on "
+            f"{measured_on(results)}."]
+
+
 def memory_markdown(memory: list) -> list:
     ok = [r.summary for r in memory if r.status == "ok"]
     return (["## Memory per rank: " + (f"model {ok[0]['model']} ({ok[0]['params']:,} parameters)" if ok else ""), "",
@@ -413,7 +451,7 @@ def memory_markdown(memory: list) -> list:
 
 def memory_rows(memory: list) -> list:
     def row(r):
-        strategy = {"ray_ddp": "DDP (step 02)", "ray_fsdp": "FSDP1 (step 03)", "ray_fsdp2": "FSDP2 (step 04)"}[r.step]
+        strategy = STRATEGIES[r.step]
         known = [strategy, r.workers, "yes" if "--cpu-offload" in r.flags else "no"]
         if r.status != "ok":
             return known + [why_not(r), "", "", "", ""]
@@ -844,6 +882,7 @@ TABLES = {
     "comparison-slide": (STEPS, comparison_slide),
     "rehearsal": (REHEARSAL, rehearsal_table),
     "lab-times": (LAB_TIMES, lab_times),
+    "tensor-parallel": (TENSOR_PARALLEL, tensor_parallel_table),
     "activations": (ACTIVATIONS, activations_table),
     "activations-slide": (ACTIVATIONS, activations_slide),
     "ray-start": (RAY_START, ray_start_table),

@@ -1,5 +1,6 @@
 """Checkpoint files: written whole or not at all, read back only into the run they fit, and a sharded model saved
 whole for inference."""
+import logging
 import os
 from pathlib import Path
 
@@ -10,16 +11,25 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from .errors import fail
 
 
-def save_full_model(model, optimizer, path: Path) -> None:
-    """A sharded model (FSDP2) whole, for build_model() on one device (step 06). Training is over and saved: its
-    state goes first, so that rank 0 holds its shard and one full copy, not the training state as well."""
+def save_full_model(model, optimizer, path: Path, as_built=lambda weights: weights) -> None:
+    """A sharded model (FSDP2, TP) whole, for build_model() on one device (step 06); as_built renames what the
+    step changed in build_model's modules. Training is over and saved: its state goes first, so that rank 0 holds
+    its shard and one full copy, not the training state as well."""
     optimizer.zero_grad(set_to_none=True)
     optimizer.state.clear()
     # A collective: every rank sends its slices, rank 0 alone receives the whole model (in RAM).
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full_weights = get_model_state_dict(model, options=options)
+    # On a 2-D mesh (step 07) each weight comes whole in 2 all-gathers, one per dimension, which DTensor warns of
+    # on every rank: a line per rank for a gather made once, copying what no reduction changes.
+    redistribute = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = redistribute.level
+    redistribute.setLevel(logging.ERROR)
+    try:
+        full_weights = get_model_state_dict(model, options=options)
+    finally:
+        redistribute.setLevel(level)
     if dist.get_rank() == 0:
-        torch.save(full_weights, path)
+        torch.save(as_built(full_weights), path)
 
 
 def save_checkpoint(path: Path, state: dict) -> None:

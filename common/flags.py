@@ -103,6 +103,14 @@ def add_fsdp2_flags(parser: Parser) -> Parser:
     return parser
 
 
+def add_tp_flag(parser: Parser) -> Parser:
+    """Step 07's tensor-parallel degree, added to the others."""
+    parser.add_argument("--tp", type=int, default=None,
+                        help="workers that split each block's matrices (a TP group; FSDP2 across the groups); "
+                             "default: all of them")
+    return parser
+
+
 def add_ray_flags(parser, local_mode: bool = False, elastic: bool = False):
     """The Ray steps' own flags, added to make_parser's; returns the parser. local_mode: the step also
     takes --num-workers 0, Ray Train's local mode (the training function runs in this process). elastic: it also
@@ -178,6 +186,9 @@ def check_flags(parser: Parser, args) -> None:
         bad("--fail-at-epoch", f"must be between 1 and --epochs {args.epochs}")
     world_size = workers or int(os.environ.get("WORLD_SIZE", "1"))  # Ray's, or torchrun's
     check_gpus_per_node(parser)
+    if hasattr(args, "tp"):  # step 07: the ranks of a TP group train on the same images
+        check_tp_flag(parser, args, world_size)
+        world_size //= args.tp or world_size
     # The global batch stays the same whatever the number of processes: an elastic run may train at any size of
     # its range, and each process's share must be whole at every one of them.
     sizes = range(world_size[0], world_size[1] + 1) if isinstance(world_size, tuple) else [world_size]
@@ -194,6 +205,21 @@ def check_flags(parser: Parser, args) -> None:
     if "://" not in args.checkpoint_dir and not can_create(args.checkpoint_dir):
         bad("--checkpoint-dir", "cannot be created or written; pass a writable folder")
     check_profile_flag(parser, args, TRAIN_SIZES[args.data])
+
+
+def check_tp_flag(parser: Parser, args, world_size: int) -> None:
+    """--tp: a TP group's ranks split every block's heads and MLP units, and the workers form whole groups."""
+    tp = args.tp or world_size
+    preset = PRESETS[args.model]
+    if tp < 1:
+        parser.reject(args, "--tp", "must be at least 1")
+    if world_size % tp:
+        parser.reject(args, "--tp", f"does not divide --num-workers {world_size} into whole TP groups; use a divisor "
+                                    f"of {world_size}")
+    for count, what in ((preset["num_heads"], "attention heads"), (preset["mlp_dim"], "MLP units")):
+        if count % tp:
+            parser.reject(args, "--tp", f"does not split --model {args.model}'s {count} {what} evenly; use a "
+                                        f"divisor of {count}")
 
 
 def check_gpus_per_node(parser: Parser) -> None:

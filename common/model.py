@@ -1,8 +1,10 @@
 """The model every step trains: torchvision's VisionTransformer, sized for 32x32 images."""
 import math
+import re
 import warnings
 from functools import partial
 
+import torch
 from torch import nn
 from torchvision.models.vision_transformer import ConvStemConfig, EncoderBlock, VisionTransformer
 
@@ -52,3 +54,45 @@ def build_model(preset: str, num_classes: int = 10) -> VisionTransformer:
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class SplitAttention(nn.Module):
+    """nn.MultiheadAttention's computation with its q, k and v projections three Linear layers (step 07). torch packs
+    them in one weight, [q; k; v] by rows, which a column-wise split over 2 ranks would cut into q | k,v rather than
+    into heads: split apart, each splits by heads."""
+
+    def __init__(self, packed: nn.MultiheadAttention):
+        super().__init__()
+        width, self.head_dim = packed.embed_dim, packed.embed_dim // packed.num_heads
+        self.q, self.k, self.v = (nn.Linear(width, width, device=packed.in_proj_weight.device) for _ in range(3))
+        for linear, weight, bias in zip((self.q, self.k, self.v), packed.in_proj_weight.chunk(3),
+                                        packed.in_proj_bias.chunk(3), strict=True):
+            linear.weight, linear.bias = nn.Parameter(weight.detach().clone()), nn.Parameter(bias.detach().clone())
+        self.out_proj = packed.out_proj
+
+    def forward(self, x, *_, **__):  # called as EncoderBlock calls nn.MultiheadAttention: (x, x, x, need_weights=False)
+        batch, length, _ = x.shape  # -1 below: the heads this rank holds (all of them without TP)
+        q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out_proj(y.transpose(1, 2).reshape(batch, length, -1)), None
+
+
+def split_attention(model: nn.Module) -> nn.Module:
+    """Every block's attention as SplitAttention: the same function, the same weights."""
+    for module in model.modules():
+        if isinstance(module, TRANSFORMER_BLOCK):
+            module.self_attention = SplitAttention(module.self_attention)
+    return model
+
+
+def pack_attention(weights: dict) -> dict:
+    """A split_attention model's weights as build_model's keys (q, k and v packed into in_proj), for step 06."""
+    packed = {}
+    for key, value in weights.items():
+        prefix, dot, name = key.rpartition(".self_attention.q.")
+        if dot:
+            parts = [weights[f"{prefix}.self_attention.{p}.{name}"] for p in "qkv"]
+            packed[f"{prefix}.self_attention.in_proj_{name}"] = torch.cat(parts)
+        elif not re.search(r"\.self_attention\.[kv]\.", key):
+            packed[key] = value
+    return packed
