@@ -1,7 +1,7 @@
-"""Step 07: tensor parallelism. The workers of a TP group split every block's matrices; FSDP2 across groups.
+"""Step 07: tensor parallelism. A TP group's workers split each block's matrices; FSDP2 across.
 
-    python 07-tensor-parallel/train_ray_tp.py --num-workers 2 --epochs 1           # TP over 2 workers
-    python 07-tensor-parallel/train_ray_tp.py --num-workers 4 --tp 2 --epochs 1    # 2 x 2: FSDP2 x TP
+    python 07-tensor-parallel/train_ray_tp.py --num-workers 2 --epochs 1          # TP over 2
+    python 07-tensor-parallel/train_ray_tp.py --num-workers 4 --tp 2 --epochs 1   # FSDP2 x TP
 
 The lesson, and what to diff this file against: README.md in this folder.
 """
@@ -33,7 +33,8 @@ from common.data import augment_batch, load_data
 from common.faults import crash_one_worker
 from common.flags import add_fsdp2_flags, add_ray_flags, add_tp_flag, make_parser
 from common.meter import RunMeter, print_run_summary
-from common.model import TRANSFORMER_BLOCK, build_model, count_params, pack_attention, split_attention
+from common.model import (TRANSFORMER_BLOCK, build_model, count_params, pack_attention,
+                          split_attention)
 from common.ray_setup import check_cluster_and_choose_gpu, init_options, progress_bar, worker_setup
 from common.reporting import epoch_line, gather_from_ranks, peak_memory_mb, this_node
 from common.runs import print_best, run_folder, run_name
@@ -41,10 +42,10 @@ from common.torch_internals import checkpoint_activations  # torch's composable 
 from common.training import evaluate, make_optimizer, make_scheduler
 
 STEP = "ray_tp"
-# Megatron-LM's split of a transformer block, for each block: a column-wise layer (each rank computes
-# some of its outputs: some heads, some MLP units) feeds a row-wise one (each rank multiplies its
-# share of the inputs, and an all-reduce sums the shares into the block's whole output). One
-# all-reduce forward per pair, and one backward for the input's gradient of each column-wise layer.
+# Megatron-LM's split of every block: a column-wise layer (each rank computes some of its outputs:
+# some heads, some MLP units) feeds a row-wise one (each rank multiplies its share of the inputs,
+# and an all-reduce sums the shares into the block's whole output). One all-reduce forward per
+# pair, and one backward for the input's gradient of each column-wise layer.
 TP_PLAN = {
     "self_attention.q": ColwiseParallel(),  # q, k and v: each rank computes its heads' ...
     "self_attention.k": ColwiseParallel(),

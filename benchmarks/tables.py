@@ -154,7 +154,7 @@ def epoch_minutes(run, cut_to_steps: int | None = None) -> str:
     epoch's evaluation as measured; an epoch cut to fewer steps is completed at the run's steady images/s."""
     if not run or not run.wall_s:
         return "-"
-    if run.section != "steps":
+    if run.section not in ("steps", "tp"):
         return f"{math.ceil(run.wall_s / 60)} min"
     s = run.summary
     seconds = run.launch_to_first_step_s + s["history"][0]["epoch_time_s"] + evaluation_seconds(vars(run))
@@ -189,8 +189,16 @@ def path_table(results: dict) -> list:
          "use the model: batch inference with Ray Data", "[06](labs/README.md#the-labs)"]]
     how = (f" The benchmark cut each training epoch to {cut} steps; the rest of the epoch is added at the run's "
            f"measured images/s." if cut else "")
+    tp = json.loads(TENSOR_PARALLEL.read_text()) if TENSOR_PARALLEL.exists() else None
+    tp_run = ok_runs(tp, "tp").get("tp_ray_tp") if tp else None
+    rows.append(["[07](07-tensor-parallel/README.md)", "`train_ray_tp.py`",
+                 epoch_minutes(tp_run, tp.get("steps_per_epoch")) if tp else "-",
+                 "tensor parallelism: each block's matrices split across workers; activation checkpointing",
+                 "[07](labs/README.md#the-labs)"])
+    of_07 = (f" Step 07's from its own benchmark ({tp_run.workers} workers, evaluated on the first "
+             f"{tp['eval_images']:,} test images), on {measured_on(tp)}." if tp_run else "")
     return (table(["step", "what you run", "minutes, as below", "the lesson", "lab"], rows)
-            + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}"])
+            + ["", f"Minutes from launch to the last line, on {measured_on(results)}.{how}{of_07}"])
 
 
 def compared() -> list:
@@ -417,7 +425,7 @@ def tensor_parallel_table(results: dict) -> list:
 
     def giant(r):
         if r.status != "ok":
-            return [why_not(r).replace("skipped: ", ""), ""]
+            return ["does not fit (below)" if r.status == "skipped" else why_not(r), ""]
         m = r.summary["memory_per_rank"]
         return [" / ".join(f"{(x['params_mb'] + x['grads_mb'] + x['optimizer_mb']) / 1024:,.2f}" for x in m),
                 " / ".join(f"{p / 1024:,.1f}" for p in r.summary["peak_memory_mb"])]
@@ -435,8 +443,9 @@ def tensor_parallel_table(results: dict) -> list:
         "", f"{results['runs'][0]['workers']} Ray workers on CPUs; `{first['model']}`, global batch "
             f"{first['global_batch_size']}, {epochs_trained(results, first)}; `{big.get('model', 'giant')}` one step "
             f"of {big.get('global_batch_size', '?')} images. State: parameters, gradients and AdamW state, the "
-            "bytes of the tensors each rank holds; peak: the process's peak resident memory. Measured on "
-            f"{measured_on(results)}."]
+            "bytes of the tensors each rank holds; peak: the process's peak resident memory. "
+            + "".join(f"{STRATEGIES[r.step]} on `giant` {r.skipped}. " for r in large.values() if r.skipped)
+            + f"Measured on {measured_on(results)}."]
 
 
 def memory_markdown(memory: list) -> list:

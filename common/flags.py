@@ -188,7 +188,7 @@ def check_flags(parser: Parser, args) -> None:
     check_gpus_per_node(parser)
     if hasattr(args, "tp"):  # step 07: the ranks of a TP group train on the same images
         check_tp_flag(parser, args, world_size)
-        world_size //= args.tp or world_size
+        world_size //= world_size if args.tp is None else args.tp
     # The global batch stays the same whatever the number of processes: an elastic run may train at any size of
     # its range, and each process's share must be whole at every one of them.
     sizes = range(world_size[0], world_size[1] + 1) if isinstance(world_size, tuple) else [world_size]
@@ -209,13 +209,13 @@ def check_flags(parser: Parser, args) -> None:
 
 def check_tp_flag(parser: Parser, args, world_size: int) -> None:
     """--tp: a TP group's ranks split every block's heads and MLP units, and the workers form whole groups."""
-    tp = args.tp or world_size
+    tp = world_size if args.tp is None else args.tp
     preset = PRESETS[args.model]
     if tp < 1:
         parser.reject(args, "--tp", "must be at least 1")
     if world_size % tp:
-        parser.reject(args, "--tp", f"does not divide --num-workers {world_size} into whole TP groups; use a divisor "
-                                    f"of {world_size}")
+        workers = f"--num-workers {world_size}" if args.num_workers else "local mode's 1 process"
+        parser.reject(args, "--tp", f"does not divide {workers} into whole TP groups; use a divisor of {world_size}")
     for count, what in ((preset["num_heads"], "attention heads"), (preset["mlp_dim"], "MLP units")):
         if count % tp:
             parser.reject(args, "--tp", f"does not split --model {args.model}'s {count} {what} evenly; use a "

@@ -40,6 +40,8 @@ LABS = {
               ray=True),
     "06": Lab("06_predictor.py", "labs.checks.predictor", "classify with Ray Data, loading the model once per actor",
               ray=True),
+    "07": Lab("07_tp_plan.py", "labs.checks.tp_plan",
+              "split every transformer block across 2 ranks with tensor parallelism: the plan, applied per block"),
     "hang-rank0": Lab("07_hang_rank0.py", "labs.checks.hang_rank0",
                       "the hang clinic: a run that stops after its first epoch; diagnose which rank waits, fix it"),
     "hang-uneven": Lab("07_hang_uneven.py", "labs.checks.hang_uneven",

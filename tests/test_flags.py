@@ -13,7 +13,7 @@ from conftest import parse_only
 SCRIPTS = ["01-vanilla-pytorch-ddp/train_single_machine.py", "01-vanilla-pytorch-ddp/train_ddp.py",
            "02-ray-train-ddp/train_ray_ddp.py", "02-ray-train-ddp/train_ray_ddp_with_ray_data.py",
            "03-ray-train-fsdp/train_ray_fsdp.py", "04-ray-train-fsdp2/train_ray_fsdp2.py",
-           "05-ray-tune/tune_ray_ddp.py"]
+           "05-ray-tune/tune_ray_ddp.py", "07-tensor-parallel/train_ray_tp.py"]
 RAY_SCRIPTS = SCRIPTS[2:]
 
 # (flags, the one line expected on stderr); {file} is a regular file, so nothing can be created under it.
@@ -84,6 +84,19 @@ SWEEP_ONLY = [
     (["--checkpoint-dir", "s3://bucket/runs"], "error: --checkpoint-dir s3://bucket/runs must be a local or mounted "
      "folder: each trial notes its placement groups there for the sweep to read"),
 ]
+# Step 07's --tp: whole TP groups, each splitting the heads and MLP units evenly; the batch splits over dp groups.
+TP = "07-tensor-parallel/train_ray_tp.py"
+TP_ONLY = [
+    (["--tp", "0"], "error: --tp 0 must be at least 1"),
+    (["--num-workers", "2", "--tp", "3"], "error: --tp 3 does not divide --num-workers 2 into whole TP groups; use a "
+     "divisor of 2"),
+    (["--num-workers", "4", "--tp", "4", "--model", "hybrid"], "error: --tp 4 does not split --model hybrid's 6 "
+     "attention heads evenly; use a divisor of 6"),
+    (["--num-workers", "0", "--tp", "2"], "error: --tp 2 does not divide local mode's 1 process into whole TP groups; "
+     "use a divisor of 1"),
+    (["--num-workers", "6", "--tp", "2", "--batch-size", "32"], "error: --batch-size 32 does not split evenly over 3 "
+     "processes; use a multiple of 3"),
+]
 # Step 06 (inference) shares the data flags; every case names a checkpoint, which is looked for after the flags.
 INFERENCE = "06-ray-data-inference/batch_inference.py"
 INFERENCE_CASES = [
@@ -92,7 +105,7 @@ INFERENCE_CASES = [
     *[case for case in EVERY_STEP if case[0][-2] in ("--eval-images", "--data-dir", "--model")],
 ]
 # --num-workers 0 is Ray Train's local mode in steps 02 to 04; the Ray Data variant and the sweep need Ray.
-LOCAL_MODE_SCRIPTS = RAY_SCRIPTS[0:1] + RAY_SCRIPTS[2:4]
+LOCAL_MODE_SCRIPTS = RAY_SCRIPTS[0:1] + RAY_SCRIPTS[2:4] + [TP]
 NEED_RAY = [(["--num-workers", "0"], "error: --num-workers 0 must be at least 1"),
             (["--num-workers", "-1"], "error: --num-workers -1 must be at least 1")]
 LOCAL_MODE = [
@@ -115,6 +128,7 @@ CASES = SHARED + [
     (ELASTIC, *case) for case in ELASTIC_ONLY] + [
     (script, *case) for script in RAY_SCRIPTS if script != ELASTIC for case in NOT_ELASTIC] + [
     ("05-ray-tune/tune_ray_ddp.py", *case) for case in SWEEP_ONLY] + [
+    (TP, *case) for case in TP_ONLY] + [
     (INFERENCE, ["--checkpoint", "nowhere", *flags], message) for flags, message in INFERENCE_CASES]
 
 
@@ -155,7 +169,7 @@ def test_every_script_parses_and_checks_the_shared_flags_as_make_parser_does(scr
     assert parser.check is flags_module.check_flags and parser.local_mode == expected.local_mode
     shared, own = flag_definitions(expected), flag_definitions(parser)
     for flag, definition in shared.items():
-        if flag == "--checkpoint-dir" or (flag == "--data" and script == SCRIPTS[-1]):
+        if flag == "--checkpoint-dir" or (flag == "--data" and script == "05-ray-tune/tune_ray_ddp.py"):
             definition, own[flag] = definition[:-1], own[flag][:-1]  # the default differs, by design
         assert own[flag] == definition, f"{script}: {flag}"
 

@@ -56,6 +56,9 @@ STARTING_FAILURES = {
     "06": [re.compile(r"the model ran in \d process\(es\) that are not actors"),
            re.compile(r"the model was built 4 times, in \d process\(es\), for 4 batches"),
            "the output rows have columns ['predicted', 'probability']: no id and label say which image"],
+    "07": ["self_attention.q's weight is whole on every rank",
+           "nothing to compare: no layer of a block is split, each rank computes the whole model",
+           "per step: none; 6 blocks' 2 column-to-row pairs make 36 all-reduces"],
     "hang-rank0": ["DIAGNOSIS is not filled in",
                    "the run hung: RuntimeError: Timed out waiting 10000ms for recv operation to complete",
                    "the run did not finish (above)"],
@@ -72,11 +75,14 @@ STEP_SCRIPTS = {
     "02": RAY_DDP,
     "02-hang": RAY_DDP,
     "04-accumulate": RAY_FSDP2,
+    "07": "07-tensor-parallel/train_ray_tp.py",
 }
 # What a solution adds that its step script writes otherwise, and why. Lab 02's: the script's run also has a
 # FailureConfig, a LoggingConfig and a CheckpointConfig, and prints its result (its report is the script's, word for
 # word, since the script's report carries the epoch's metrics alone).
 UNLIKE_THE_SCRIPT = {
+    # Lab 07's mesh is TP's alone (1-D); the script's has a dp dimension too, and takes its tp one.
+    "07": {"parallelize_module(module, mesh, TP_PLAN)"},
     "02": {"trainer = TorchTrainer(train_func, train_loop_config=vars(args), scaling_config=ScalingConfig("
            "num_workers=2), run_config=RunConfig(name=name, storage_path=storage))",
            "return trainer.fit()"},
@@ -466,6 +472,42 @@ WRONG_ANSWERS = {
         WrongAnswer("a step every micro-batch", [("        if not last_micro_batch:\n            continue\n", "")],
                     1, "8 optimizer steps for 4 batches of 2 micro-batches", "after its last micro-batch's backward"),
     ],
+    "07": [
+        WrongAnswer("row-wise then column-wise", [('"mlp.0": ColwiseParallel()', '"mlp.0": RowwiseParallel()'),
+                                                  ('"mlp.3": RowwiseParallel()', '"mlp.3": ColwiseParallel()')],
+                    1, "mlp.0 is split by its inputs (row-wise), not by its outputs (column-wise)",
+                    "the first layer of each pair is column-wise"),
+        WrongAnswer("column-wise everywhere", [
+            ('"self_attention.out_proj": RowwiseParallel()', '"self_attention.out_proj": ColwiseParallel()'),
+            ('"mlp.3": RowwiseParallel()', '"mlp.3": ColwiseParallel()')],
+                    1, "self_attention.out_proj is split by its outputs (column-wise), not by its inputs (row-wise)",
+                    "the second is row-wise"),
+        WrongAnswer("out_proj left out", [
+            ('    "self_attention.out_proj": RowwiseParallel(),  # ... and projects them: an all-reduce sums\n', "")],
+                    1, "self_attention.out_proj's weight is whole on every rank", "a layer left out stays whole"),
+        WrongAnswer("the MLP alone", [
+            ('    "self_attention.q": ColwiseParallel(),  # q, k and v: each rank computes its heads\' ...\n'
+             '    "self_attention.k": ColwiseParallel(),\n    "self_attention.v": ColwiseParallel(),\n'
+             '    "self_attention.out_proj": RowwiseParallel(),  # ... and projects them: an all-reduce sums\n', "")],
+                    1, "self_attention.q's weight is whole on every rank", "a layer left out stays whole"),
+        WrongAnswer("the first block alone", [(
+            "    for module in model.modules():\n        if isinstance(module, TRANSFORMER_BLOCK):\n"
+            "            parallelize_module(module, mesh, TP_PLAN)\n",
+            "    parallelize_module(model.encoder.layers[0], mesh, TP_PLAN)\n")],
+                    1, "the first block is split as it should be, but not every block", "each block needs it"),
+        WrongAnswer("the partial sums never added", [
+            ("from torch.distributed.device_mesh import init_device_mesh\n",
+             "from torch.distributed.device_mesh import init_device_mesh\n"
+             "from torch.distributed.tensor import Partial\n"),
+            ('"mlp.3": RowwiseParallel()', '"mlp.3": RowwiseParallel(output_layouts=Partial())')],
+                    2, "step 1: the gradients are", "a row-wise layer's output on each rank is a partial sum"),
+        WrongAnswer("the output left split by tokens", [
+            ("from torch.distributed.device_mesh import init_device_mesh\n",
+             "from torch.distributed.device_mesh import init_device_mesh\n"
+             "from torch.distributed.tensor import Shard\n"),
+            ('"mlp.3": RowwiseParallel()', '"mlp.3": RowwiseParallel(output_layouts=Shard(1))')],
+                    2, "the run did not finish", "hands on the whole output"),
+    ],
     "hang-rank0": [
         WrongAnswer("the loss never reduced", [
             ("        dist.reduce(loss_sum, dst=0)  # a collective: every rank calls it, rank 0 alone receives the "
@@ -669,7 +711,7 @@ def imported_otherwise(source: str) -> str:
 
 
 # The labs compared with the recipe in one process within labs.reference.TOLERANCE.
-WITHIN_TOLERANCE = ("01", "04", "04-accumulate", "hang-rank0", "hang-uneven", "hang-shape")
+WITHIN_TOLERANCE = ("01", "04", "04-accumulate", "07", "hang-rank0", "hang-uneven", "hang-shape")
 @pytest.fixture(scope="module")
 def kernels_caches(tmp_path_factory) -> dict:
     """A folder of reference runs for each capability's kernels, which the labs run there share."""

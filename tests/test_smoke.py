@@ -31,6 +31,7 @@ LAUNCHER = "01-vanilla-pytorch-ddp/launch_multinode_ddp.sh"
 MLFLOW = "02-ray-train-ddp/train_ray_ddp_with_mlflow.py"
 RAY_FSDP1 = "03-ray-train-fsdp/train_ray_fsdp.py"
 INFERENCE = "06-ray-data-inference/batch_inference.py"
+RAY_TP = "07-tensor-parallel/train_ray_tp.py"
 FINISH_TIMEOUT = 240  # s: the background runs share the 2 cores with each other and with the cluster's runs
 
 
@@ -133,10 +134,11 @@ def test_multinode_launcher_joins_two_nodes_and_rank_0_alone_prints(background):
     assert (background.folder / "checkpoints" / "checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("script, step", [(RAY_FSDP1, "ray_fsdp"), (RAY_FSDP2, "ray_fsdp2")])
+@pytest.mark.parametrize("script, step", [(RAY_FSDP1, "ray_fsdp"), (RAY_FSDP2, "ray_fsdp2"), (RAY_TP, "ray_tp")])
 def test_ray_steps_train_in_local_mode(script, step, main_summary, monkeypatch, tmp_path):
     """Ray Train's local mode: the training function in the script's own process, no Ray, no checkpoint: the run's
-    folder holds its summary alone. Step 02's is test_step02.py's (in the smoke tier too)."""
+    folder holds its summary alone (step 07's a TP group of 1: its plan applied, nothing split). Step 02's is
+    test_step02.py's (in the smoke tier too)."""
     forbid_ray(monkeypatch, "in local mode")
     summary, _ = main_summary(script, *SMOKE, *LOCAL_MODE, "--checkpoint-dir", str(tmp_path))
     assert_sane_summary(summary, step, world_size=1)
@@ -181,6 +183,7 @@ TIER = {
     "05-ray-tune/tune_ray_ddp.py": ("test_smoke", "test_tune_sweep_runs_its_trials_and_reports_them"),
     "06-ray-data-inference/batch_inference.py":
         ("test_smoke", "test_batch_inference_reproduces_the_single_machine_runs_accuracy"),
+    "07-tensor-parallel/train_ray_tp.py": ("test_smoke", "test_ray_steps_train_in_local_mode"),
 }
 
 

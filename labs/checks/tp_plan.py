@@ -1,0 +1,183 @@
+"""Lab 07's checks. First the lab's parallelize alone, on a model in a 2-rank group that sends nothing (torch's fake
+process group, one process): how it split each block's Linear layers. Then main() in 2 processes, against the recipe in
+1 process on whole batches, unsplit (labs.reference), both in float64: every optimizer step's gradients (each
+parameter whole, q, k and v packed as the reference's attention holds them) and loss, and the all-reduces each rank
+issued in forward and backward."""
+import collections
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from common.model import TRANSFORMER_BLOCK, build_model, pack_attention, split_attention
+from labs import reference
+from labs.harness import lab_args, load_lab
+from labs.outcome import Outcome
+from labs.patching import in_float64, replace_in_common
+from labs.ranks import RunFailed, run_ranks
+
+SPLIT = ("each rank holds half of every block's attention and MLP matrices: q, k, v and mlp.0 split by their outputs "
+         "(column-wise), out_proj and mlp.3 by their inputs (row-wise)")
+SAME_TRAINING = "2 ranks train what 1 unsplit process trains (every step's gradients and loss)"
+ALL_REDUCES = ("per step and block, an all-reduce in forward for each row-wise layer (2) and one in backward for each "
+               "column-wise layer's input gradient (4): no other collective")
+CHECKS = [SPLIT, SAME_TRAINING, ALL_REDUCES]
+# The split each Linear of a block needs (the dimension of its weight that is split: 0, its outputs; 1, its inputs)
+SPLITS = {"self_attention.q": 0, "self_attention.k": 0, "self_attention.v": 0, "self_attention.out_proj": 1,
+          "mlp.0": 0, "mlp.3": 1}
+COLUMN_WISE = "the first layer of each pair is column-wise: each rank computes its outputs (its heads, its MLP units)"
+ROW_WISE = ("the second is row-wise: it takes the inputs that match the rank's outputs before it, and an all-reduce "
+            "sums the ranks' partial outputs into the block's whole output")
+LAYOUTS = ("each layer gets what the one before it hands on: a column-wise layer hands on this rank's share of its "
+           "outputs, which the row-wise layer after it takes as its inputs; a row-wise layer hands on the whole output "
+           "(Replicate, its default), which the residual adds to the block's whole input")
+
+
+def run(lab_file) -> list:
+    try:
+        [splits] = run_ranks(f"{__name__}:planned", lab_file, 1)[1]
+    except RunFailed as error:
+        return [Outcome(SPLIT, f"parallelize failed: {error}", "parallelize_module(block, mesh, plan) takes each "
+                                                                 "Linear's name inside the block"),
+                *(Outcome(check, "not run: parallelize fails (above)", "") for check in CHECKS[1:])]
+    split = split_outcome(splits)
+    if not any(dim is not None for dim in splits["first"].values()):
+        return [split, Outcome(SAME_TRAINING, "nothing to compare: no layer of a block is split, each rank computes "
+                                              "the whole model", ""),
+                all_reduces(dict(losses=[], collectives={}))]
+    try:
+        alone, pair = run_ranks(f"{__name__}:watched_main", lab_file, 2, lambda: reference.recipe(1))
+    except RunFailed as error:
+        hint = split.hint if not split.passed else LAYOUTS
+        return [split, Outcome(SAME_TRAINING, f"the run did not finish: {error}", hint),
+                Outcome(ALL_REDUCES, "the run did not finish (above)", "")]
+    return [split, same_training(alone, pair), all_reduces(pair[0])]
+
+
+def planned(lab_file) -> dict:
+    """How the lab's parallelize split each block's Linear layers over 2 ranks: {name: split dimension, or None for
+    whole}, for the first block (the others checked alike), and whether every block was split alike."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.device_mesh import init_device_mesh
+
+    lab = load_lab(lab_file)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = split_attention(build_model(lab_args().model))
+        lab.parallelize(model, init_device_mesh("cpu", (2,)))
+        blocks = [[split_of(block.get_submodule(name).weight) for name in SPLITS]
+                  for block in model.modules() if isinstance(block, TRANSFORMER_BLOCK)]
+        return dict(first=dict(zip(SPLITS, blocks[0], strict=True)), alike=all(b == blocks[0] for b in blocks))
+    finally:
+        dist.destroy_process_group()
+
+
+def split_of(weight) -> int | None:
+    if not isinstance(weight, DTensor):
+        return None
+    [placement] = weight.placements
+    return placement.dim if isinstance(placement, Shard) else None
+
+
+def split_outcome(splits: dict) -> Outcome:
+    first = splits["first"]
+    for name, want in SPLITS.items():
+        got = first[name]
+        if got == want:
+            continue
+        if got is None:
+            failure = f"{name}'s weight is whole on every rank"
+            hint = ("parallelize_module splits the layers the plan names, in each block it is given; a layer left "
+                    "out stays whole on every rank and computes everything twice")
+        else:
+            how = {0: "its outputs (column-wise)", 1: "its inputs (row-wise)"}
+            failure = f"{name} is split by {how[got]}, not by {how[want]}"
+            hint = COLUMN_WISE if want == 0 else ROW_WISE
+        return Outcome(SPLIT, failure, hint)
+    if not splits["alike"]:
+        return Outcome(SPLIT, "the first block is split as it should be, but not every block",
+                       "parallelize_module applies the plan to the one block it is given: each block needs it")
+    return Outcome(SPLIT, None, "")
+
+
+class CountAllReduces(TorchDispatchMode):
+    """The collectives DTensor issues (functional collectives), by kind, while on."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts, self.on = collections.Counter(), True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = func.__name__.split(".")[0]
+        if self.on and func.namespace == "_c10d_functional" and kind not in ("wait_tensor", "_wrap_tensor_autograd"):
+            self.counts[kind] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def watched_main(lab_file) -> dict:
+    """The lab's main() with its models built in float64, every optimizer step's gradients (whole: each split one
+    gathered from the ranks, q, k and v packed as build_model's attention holds them) and the collectives counted,
+    all but the check's own gathers."""
+    models, gradients = [], []
+    counter = CountAllReduces()
+
+    def record(*_):
+        counter.on = False
+        whole = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+                 for name, p in models[-1].named_parameters() if p.grad is not None}
+        gradients.append(pack_attention(whole))
+        counter.on = True
+
+    from common.model import build_model as build
+    from common.training import make_optimizer
+
+    def watched_build_model(*args, **kwargs):
+        models.append(in_float64(build(*args, **kwargs)))
+        return models[-1]
+
+    def watched_make_optimizer(*args, **kwargs):
+        optimizer = make_optimizer(*args, **kwargs)
+        optimizer.register_step_pre_hook(record)
+        return optimizer
+
+    replace_in_common(build_model=watched_build_model, make_optimizer=watched_make_optimizer)
+    lab = load_lab(lab_file)
+    with counter:
+        losses = lab.main(lab_args())
+    return dict(losses=losses, gradients=gradients, collectives=dict(counter.counts))
+
+
+def same_training(alone: dict, pair: list[dict]) -> Outcome:
+    hint = ("a row-wise layer's output on each rank is a partial sum: the ranks' shares added by an all-reduce (its "
+            "output whole, Replicate, by default) make the layer's output, which the residual adds to the input")
+    expected = [step["gradients"] for step in alone["steps"]]
+    ours = pair[0]["gradients"]
+    if len(ours) != len(expected):
+        return Outcome(SAME_TRAINING, f"the ranks took {len(ours)} optimizer steps; 1 process takes {len(expected)}",
+                       hint)
+    for step, (one, two) in enumerate(zip(expected, ours, strict=True)):
+        if (difference := reference.relative_difference(two, one)) > reference.TOLERANCE:
+            return Outcome(SAME_TRAINING, f"step {step + 1}: the gradients are {difference:.1%} away from 1 "
+                                          "process's", hint)
+    for step, (one, two) in enumerate(zip(alone["steps"], pair[0]["losses"], strict=False)):
+        if abs(one["loss"] - two) > reference.TOLERANCE:
+            return Outcome(SAME_TRAINING, f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's "
+                                          f"{one['loss']:.5f}", hint)
+    return Outcome(SAME_TRAINING, None, "")
+
+
+def all_reduces(watched: dict) -> Outcome:
+    blocks = sum(isinstance(m, TRANSFORMER_BLOCK) for m in build_model(lab_args().model).modules())
+    expected = blocks * (2 + 4)
+    steps = max(1, len(watched["losses"]))
+    per_step = {kind: calls / steps for kind, calls in watched["collectives"].items()}
+    if per_step == {"all_reduce": expected}:
+        return Outcome(ALL_REDUCES, None, "")
+    shown = ", ".join(f"{calls:g} {kind.replace('_', '-')}s" for kind, calls in sorted(per_step.items())) or "none"
+    return Outcome(ALL_REDUCES, f"per step: {shown}; {blocks} blocks' 2 column-to-row pairs make {expected} "
+                                "all-reduces",
+                   "a row-wise layer all-reduces its output in forward, a column-wise layer its input's gradient in "
+                   "backward; a layer that hands on a share the next one does not expect makes DTensor gather or "
+                   "redistribute it")
