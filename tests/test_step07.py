@@ -3,7 +3,6 @@ all-reduces its README derives, activation checkpointing changing no bit; a Ray 
 with DDP's weights; its model.pt is build_model's."""
 import argparse
 import time
-from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -12,7 +11,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.steps import step
 from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step,
@@ -23,6 +21,7 @@ from common.rendezvous import free_port
 from common.training import evaluate
 from conftest import ACCUMULATE, EVAL_IMAGES, PROFILE, ROOT, ROUNDING, ray_script
 from checks import final_json
+from labs.checks.tp_plan import CountAllReduces  # DTensor's collectives, by kind (lab 07's check counts so)
 from labs.reference import TOLERANCE, relative_difference
 from suite_rules import time_limit
 
@@ -102,21 +101,6 @@ def test_exported_model_reproduces_the_tp_runs_accuracy_on_one_device(tp_run):
     assert counted == EVAL_IMAGES and correct / counted == tp_run[0]["test_accuracy"]
 
 
-class CountCollectives(TorchDispatchMode):
-    """The functional collectives DTensor issues, by name (torch's CommDebugMode counts them too, but its module
-    hooks fail on the conv stem's in-place ReLU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kind = func.__name__.split(".")[0]
-        if func.namespace == "_c10d_functional" and kind not in ("wait_tensor", "_wrap_tensor_autograd"):
-            self.counts[kind] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def tiny_in_float64() -> torch.nn.Module:
     """tiny with step 07's attention, in double precision: 2 ranks and 1 process sum their products in other
     orders, which float64 leaves near 1e-15 on any processor (labs/reference.py), far inside TOLERANCE."""
@@ -126,11 +110,11 @@ def tiny_in_float64() -> torch.nn.Module:
     return model
 
 
-def one_step(model) -> tuple[float, dict, Counter]:
+def one_step(model) -> tuple[float, dict, dict]:
     """The loss, every parameter's gradient whole, and the collectives of forward and backward."""
     torch.manual_seed(1)
     images, labels = torch.randn(8, 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (8,))
-    with CountCollectives() as collectives:
+    with CountAllReduces() as collectives:
         loss = torch.nn.functional.cross_entropy(model(images), labels)
         loss.backward()
     grads = {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad

@@ -103,7 +103,8 @@ def split_outcome(splits: dict) -> Outcome:
 
 
 class CountAllReduces(TorchDispatchMode):
-    """The collectives DTensor issues (functional collectives), by kind, while on."""
+    """The collectives DTensor issues (functional collectives), by kind, while on (torch's CommDebugMode counts them
+    too, but its module hooks fail on the conv stem's in-place ReLU)."""
 
     def __init__(self):
         super().__init__()
