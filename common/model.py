@@ -58,8 +58,8 @@ def count_params(model: nn.Module) -> int:
 
 class SplitAttention(nn.Module):
     """nn.MultiheadAttention's computation with its q, k and v projections three Linear layers (step 07). torch packs
-    them in one weight, [q; k; v] by rows, which a column-wise split over 2 ranks would cut into q | k,v rather than
-    into heads: split apart, each splits by heads."""
+    them in one weight, [q; k; v] by rows, which a column-wise split over 2 ranks would cut into q and half of k | the
+    rest, not into heads: split apart, each splits by heads."""
 
     def __init__(self, packed: nn.MultiheadAttention):
         super().__init__()
@@ -68,12 +68,12 @@ class SplitAttention(nn.Module):
         for linear, weight, bias in zip((self.q, self.k, self.v), packed.in_proj_weight.chunk(3),
                                         packed.in_proj_bias.chunk(3), strict=True):
             linear.weight, linear.bias = nn.Parameter(weight.detach().clone()), nn.Parameter(bias.detach().clone())
-        self.out_proj = packed.out_proj
+        self.out_proj, self.dropout = packed.out_proj, packed.dropout
 
     def forward(self, x, *_, **__):  # called as EncoderBlock calls nn.MultiheadAttention: (x, x, x, need_weights=False)
         batch, length, _ = x.shape  # -1 below: the heads this rank holds (all of them without TP)
         q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(y.transpose(1, 2).reshape(batch, length, -1)), None
 
 

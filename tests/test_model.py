@@ -2,7 +2,7 @@
 import torch
 from torchvision.models.vision_transformer import VisionTransformer
 
-from common.model import build_model, count_params
+from common.model import build_model, count_params, pack_attention, split_attention
 from checks import checkpoint_weights, final_json
 from conftest import SMOKE
 from processes import python
@@ -32,3 +32,22 @@ def test_hybrid_trains_in_a_step_script_and_its_checkpoint_loads(tmp_path):
                                 "--epochs", "1", "--checkpoint-dir", str(tmp_path)))
     assert summary["model"] == "hybrid" and summary["params"] == 2_410_858
     build_model("hybrid").load_state_dict(checkpoint_weights(tmp_path))
+
+
+def test_split_attention_computes_what_torchs_packed_attention_computes_and_packs_back():
+    """Step 07's q, k and v apart: the same outputs as nn.MultiheadAttention's packed projection, up to rounding (one
+    matrix product of 3 x width columns against three of width: a kernel may sum each dot product in another order;
+    in float64 that stays near 1e-15 of the outputs), and the weights packed back are build_model's, bit for bit."""
+    torch.manual_seed(0)
+    whole = build_model("tiny").double()
+    torch.manual_seed(0)
+    split = split_attention(build_model("tiny").double())
+    with torch.no_grad():  # torchvision's head starts at zero, which would make every output 0
+        head = torch.randn_like(whole.heads.head.weight)
+        whole.heads.head.weight.copy_(head)
+        split.heads.head.weight.copy_(head)
+    images = torch.randn(4, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(split(images), whole(images), rtol=1e-12, atol=1e-12)
+    assert pack_attention(split.state_dict()).keys() == whole.state_dict().keys()
+    for name, value in pack_attention(split.state_dict()).items():
+        assert torch.equal(value, whole.state_dict()[name]), name

@@ -2,6 +2,7 @@
 all-reduces its README derives, activation checkpointing changing no bit; a Ray run resumes on another mesh and ends
 with DDP's weights; its model.pt is build_model's."""
 import argparse
+import re
 import time
 from datetime import timedelta
 
@@ -24,6 +25,7 @@ from checks import final_json
 from labs.checks.tp_plan import CountAllReduces  # DTensor's collectives, by kind (lab 07's check counts so)
 from labs.reference import TOLERANCE, relative_difference
 from suite_rules import time_limit
+from test_communication import per_step_megabytes
 
 RAY_TP = step("ray_tp").script
 TIMEOUT_S = 60  # the collectives' deadline, and each process's
@@ -110,16 +112,17 @@ def tiny_in_float64() -> torch.nn.Module:
     return model
 
 
-def one_step(model) -> tuple[float, dict, dict]:
-    """The loss, every parameter's gradient whole, and the collectives of forward and backward."""
+def one_step(model, share=slice(None)) -> tuple[float, dict, CountAllReduces]:
+    """The loss on this share of the batch, every parameter's gradient whole, and the collectives of forward and
+    backward."""
     torch.manual_seed(1)
     images, labels = torch.randn(8, 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (8,))
     with CountAllReduces() as collectives:
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss = torch.nn.functional.cross_entropy(model(images[share]), labels[share])
         loss.backward()
     grads = {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
              for name, p in model.named_parameters()}
-    return loss.item(), grads, collectives.counts
+    return loss.item(), grads, collectives
 
 
 def tp_rank(rank: int, port: int, out: dict) -> None:
@@ -134,34 +137,71 @@ def tp_rank(rank: int, port: int, out: dict) -> None:
                                    activation_checkpointing=checkpointed)
         step07.parallelize(model, mesh, flags)
         loss, grads, collectives = one_step(model)
-        out[rank, checkpointed] = dict(loss=loss, grads=grads, collectives=dict(collectives))
+        out[rank, checkpointed] = dict(loss=loss, grads=grads, collectives=dict(collectives.counts),
+                                       bytes=dict(collectives.bytes))
     dist.destroy_process_group()
+
+
+def grid_rank(rank: int, port: int, out: dict) -> None:
+    """A rank of 4 as 2 x 2 (dp x tp): step 07's parallelize (TP in each row, FSDP2 down each column), one step on
+    its dp group's half of the batch."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = tiny_in_float64()
+    load_script(RAY_TP).parallelize(model, mesh, argparse.Namespace(
+        mixed_precision=False, cpu_offload=False, reshard_after_forward=True, activation_checkpointing=False))
+    half = mesh["dp"].get_local_rank()
+    loss, grads, collectives = one_step(model, slice(4 * half, 4 * half + 4))
+    out[rank] = dict(loss=loss, grads=grads, collectives=dict(collectives.counts))
+    dist.destroy_process_group()
+
+
+def run_ranks(function, world_size: int) -> dict:
+    """function(rank, port, out) in world_size new processes; what they put in out."""
+    out = mp.Manager().dict()
+    context = mp.start_processes(function, args=(free_port(), out), nprocs=world_size, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 2 * TIMEOUT_S
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # True once all have exited, cleanly
+        assert time.monotonic() < deadline, f"the {world_size} ranks did not finish in {2 * TIMEOUT_S} s"
+    return dict(out)
 
 
 @pytest.fixture(scope="module")
 def tp_pair() -> dict:
-    out = mp.Manager().dict()
-    context = mp.start_processes(tp_rank, args=(free_port(), out), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 2 * TIMEOUT_S
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # True once both have exited, cleanly
-        assert time.monotonic() < deadline, f"the pair did not finish in {2 * TIMEOUT_S} s"
-    return dict(out)
+    return run_ranks(tp_rank, 2)
+
+
+def assert_one_processs_gradients(ours: dict, grads: dict) -> None:
+    assert ours.keys() == grads.keys()
+    assert relative_difference(ours, grads) < TOLERANCE
+    # Each one too, the smallest included, but the key biases': their true gradient is 0 (softmax ignores a
+    # shift of every logit of a query), what they receive is rounding noise (checks.assert_same_weights).
+    for name, grad in grads.items():
+        if name.endswith("self_attention.k.bias"):
+            assert grad.abs().max() < 1e-15 and ours[name].abs().max() < 1e-15, name
+            continue
+        assert relative_difference({name: ours[name]}, {name: grad}) < TOLERANCE, name
 
 
 def test_tp_on_2_ranks_computes_what_one_process_computes(tp_pair):
     loss, grads, _ = one_step(tiny_in_float64())
     for rank in (0, 1):
-        ours = tp_pair[rank, False]
-        assert abs(ours["loss"] - loss) < TOLERANCE
-        assert ours["grads"].keys() == grads.keys()
-        assert relative_difference(ours["grads"], grads) < TOLERANCE
-        # Each one too, the smallest included, but the key biases': their true gradient is 0 (softmax ignores a
-        # shift of every logit of a query), what they receive is rounding noise (checks.assert_same_weights).
-        for name, grad in grads.items():
-            if name.endswith("self_attention.k.bias"):
-                assert grad.abs().max() < 1e-15 and ours["grads"][name].abs().max() < 1e-15, name
-                continue
-            assert relative_difference({name: ours["grads"][name]}, {name: grad}) < TOLERANCE, name
+        assert abs(tp_pair[rank, False]["loss"] - loss) < TOLERANCE
+        assert_one_processs_gradients(tp_pair[rank, False]["grads"], grads)
+
+
+def test_2_x_2_ranks_compute_what_one_process_computes_on_the_whole_batch():
+    """4 ranks, 2 dp groups of a TP pair each, every group on its half of the batch: FSDP2 averages the groups'
+    gradients, which are then the whole batch's in one process; each group's loss is its half's."""
+    grid = run_ranks(grid_rank, 4)
+    _, grads, _ = one_step(tiny_in_float64())
+    halves = [one_step(tiny_in_float64(), slice(4 * h, 4 * h + 4))[0] for h in (0, 1)]
+    for rank in range(4):
+        assert abs(grid[rank]["loss"] - halves[rank // 2]) < TOLERANCE  # ranks 0, 1: dp group 0
+        assert_one_processs_gradients(grid[rank]["grads"], grads)
+        assert grid[rank]["collectives"] == {"all_reduce": BLOCKS * (2 + 4)}  # TP's; FSDP2's go through c10d
 
 
 def test_tp_all_reduces_as_the_readme_derives(tp_pair):
@@ -171,6 +211,28 @@ def test_tp_all_reduces_as_the_readme_derives(tp_pair):
     assert f"{BLOCKS * 6} all-reduces per forward and backward" in readme
     for rank in (0, 1):
         assert tp_pair[rank, False]["collectives"] == {"all_reduce": BLOCKS * (2 + 4)}
+
+
+def all_reduce_bytes(preset: str, batch: int, element_bytes: int) -> int:
+    """What TP hands to all-reduces in one forward and backward: 6 per block, each of one block input's size (batch
+    x tokens x width)."""
+    with torch.device("meta"):
+        model = build_model(preset)
+    return 6 * len(model.encoder.layers) * batch * model.seq_length * model.hidden_dim * element_bytes
+
+
+def test_each_all_reduce_is_one_block_inputs_size_and_the_readme_states_the_bytes_per_step(tp_pair):
+    """The bytes counted on 2 ranks of tiny (8 images in float64) are the formula's; the README's table is the
+    formula's for hybrid and giant in fp32 on 2 ranks (a ring all-reduce sends 2 (N-1)/N of its buffer: all of it),
+    beside DDP's gradients (test_communication.per_step_megabytes)."""
+    for rank in (0, 1):
+        assert tp_pair[rank, False]["bytes"] == {"all_reduce": all_reduce_bytes("tiny", 8, 8)}
+    readme = (ROOT / "07-tensor-parallel" / "README.md").read_text()
+    stated = re.search(r"<!-- communication -->\n(.*?)<!-- /communication -->", readme, re.S).group(1)
+    for preset, batch, shown in (("hybrid", 128, "`hybrid` (17 tokens, width 192)"),
+                                 ("giant", 2, "`giant` (65 tokens, width 1,536), batch 2")):
+        tp, ddp = all_reduce_bytes(preset, batch, 4) / 1e6, per_step_megabytes(preset, 2)["ddp"]
+        assert f"| {shown} | {tp:,.1f} MB | {ddp:,.1f} MB | {tp / ddp:.{1 if tp > ddp else 2}f}x |" in stated
 
 
 def test_activation_checkpointing_under_tp_changes_no_bit_and_all_reduces_forward_again(tp_pair):

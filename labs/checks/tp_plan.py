@@ -103,17 +103,18 @@ def split_outcome(splits: dict) -> Outcome:
 
 
 class CountAllReduces(TorchDispatchMode):
-    """The collectives DTensor issues (functional collectives), by kind, while on (torch's CommDebugMode counts them
-    too, but its module hooks fail on the conv stem's in-place ReLU)."""
+    """The collectives DTensor issues (functional collectives), by kind, and the bytes handed to each kind, while on
+    (torch's CommDebugMode counts them too, but its module hooks fail on the conv stem's in-place ReLU)."""
 
     def __init__(self):
         super().__init__()
-        self.counts, self.on = collections.Counter(), True
+        self.counts, self.bytes, self.on = collections.Counter(), collections.Counter(), True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = func.__name__.split(".")[0]
         if self.on and func.namespace == "_c10d_functional" and kind not in ("wait_tensor", "_wrap_tensor_autograd"):
             self.counts[kind] += 1
+            self.bytes[kind] += args[0].nbytes
         return func(*args, **(kwargs or {}))
 
 
