@@ -1,4 +1,4 @@
-"""Two rules of this suite, as a pytest plugin (conftest.py loads it; tests/test_suite_rules.py proves both):
+"""Three rules of this suite, as a pytest plugin (conftest.py loads it; tests/test_suite_rules.py proves them):
 
 - Every fixture has a time limit, for its setup and again for its teardown: pytest-timeout (`timeout_func_only`)
   times the test's own call, so a Ray cluster that never starts, or a shared run that hangs, would otherwise stall
@@ -6,10 +6,18 @@
   under `@pytest.fixture` says. A fixture past its limit fails with its name; pytest keeps that error for the
   fixture's scope, so every test that needs it fails at once, and the suite goes on.
 - Under CI (`CI=true`: GitHub's runners, `.ci/run`) a skipped test is a failure: what CI was meant to check, it
-  did not (the MLflow UI test without a browser)."""
+  did not (the MLflow UI test without a browser).
+- A test that forks this process while it is a Ray driver (the test cluster's, ray_driver) fails, with where it
+  forked. gRPC, under Ray's GCS client and pubsub, is not fork-safe in a driver (ray-project/ray#22909, forking for
+  multiprocessing.Manager(); #59661, open): seen here, after test_step07's Manager() (which forks), every later
+  Ray Train fit() of this driver never started its run and ray.shutdown() hung (3 full suites, 2026-12-05). Start
+  processes with subprocess or spawn (processes.spawned_ranks): subprocess's children are not forks of this
+  interpreter."""
 import os
 import signal
+import sys
 import time
+import traceback
 
 import pytest
 
@@ -66,9 +74,27 @@ def pytest_fixture_setup(fixturedef, request):
     return value
 
 
+FORKS_OF_A_DRIVER: list[str] = []  # where each fork of this process was called from while it was a Ray driver
+
+
+def note_a_fork_of_a_driver() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        FORKS_OF_A_DRIVER.append("".join(traceback.format_stack()[-8:-1]))
+
+
+os.register_at_fork(before=note_a_fork_of_a_driver)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if FORKS_OF_A_DRIVER:
+        where = FORKS_OF_A_DRIVER.pop()
+        FORKS_OF_A_DRIVER.clear()
+        report.outcome = "failed"
+        report.longrepr = (f"this process forked while it was a Ray driver, which cuts it off from Ray's actors: "
+                           f"start processes with subprocess or spawn (processes.spawned_ranks). Forked at:\n{where}")
     if report.skipped and not hasattr(report, "wasxfail") and os.environ.get("CI", "").lower() == "true":
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome, report.longrepr = "failed", f"skipped under CI (CI=true), which must run it: {reason}"

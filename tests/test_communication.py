@@ -4,25 +4,24 @@ backward (the root stays gathered), and reduce-scatters every gradient. Step 04'
 for `hybrid` from these counts and the ring algorithms' factors; the test holds its table to them."""
 import math
 import re
-import time
 from collections import Counter
 from datetime import timedelta
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from checks import load_script
 from conftest import ROOT
 from common.rendezvous import free_port
+from processes import spawned_ranks
 
 WORLD_SIZE = 2
 TIMEOUT_S = 60  # the collectives' deadline, and each process's
 
 
-def one_step(rank: int, strategy: str, port: int, counts: dict) -> None:
+def one_step(rank: int, strategy: str, port: int) -> dict:
     """A process of the pair: one optimizer step of `tiny`, counting the bytes handed to each kind of collective."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=timedelta(seconds=TIMEOUT_S))
@@ -54,17 +53,12 @@ def one_step(rank: int, strategy: str, port: int, counts: dict) -> None:
         step04.shard_model(model, flags, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     torch.nn.functional.cross_entropy(model(images), labels).backward()
-    counts[rank] = dict(sent)
     dist.destroy_process_group()
+    return dict(sent)
 
 
 def counted(strategy: str) -> dict:
-    counts = mp.Manager().dict()
-    context = mp.start_processes(one_step, args=(strategy, free_port(), counts), nprocs=WORLD_SIZE, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + 2 * TIMEOUT_S
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # True once both have exited, cleanly
-        assert time.monotonic() < deadline, f"{strategy}: the pair did not finish in {2 * TIMEOUT_S} s"
+    counts = spawned_ranks(one_step, WORLD_SIZE, strategy, free_port(), timeout_s=2 * TIMEOUT_S)
     assert counts[0] == counts[1], "both ranks send the same"
     return counts[0]
 

@@ -3,27 +3,25 @@ all-reduces its README derives, activation checkpointing changing no bit; a Ray 
 with DDP's weights; its model.pt is build_model's."""
 import argparse
 import re
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from benchmarks.steps import step
-from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step,
+from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step, final_json,
                     latest_ray_checkpoint, load_script, profile_summary, ray_checkpoints, resumed_after)
 from common.data import load_data
 from common.model import TRANSFORMER_BLOCK, build_model, split_attention
 from common.rendezvous import free_port
 from common.training import evaluate
 from conftest import ACCUMULATE, EVAL_IMAGES, PROFILE, ROOT, ROUNDING, ray_script
-from checks import final_json
 from labs.checks.tp_plan import CountAllReduces  # DTensor's collectives, by kind (lab 07's check counts so)
 from labs.reference import TOLERANCE, relative_difference
+from processes import spawned_ranks
 from suite_rules import time_limit
 from test_communication import per_step_megabytes
 
@@ -125,24 +123,26 @@ def one_step(model, share=slice(None)) -> tuple[float, dict, CountAllReduces]:
     return loss.item(), grads, collectives
 
 
-def tp_rank(rank: int, port: int, out: dict) -> None:
-    """A rank of 1 TP group of 2: step 07's parallelize, one step, with and without activation checkpointing."""
+def tp_rank(rank: int, port: int) -> dict:
+    """A rank of 1 TP group of 2: step 07's parallelize, one step, without and with activation checkpointing."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=TIMEOUT_S))
     step07 = load_script(RAY_TP)
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    out = {}
     for checkpointed in (False, True):
         model = tiny_in_float64()
         flags = argparse.Namespace(mixed_precision=False, cpu_offload=False, reshard_after_forward=True,
                                    activation_checkpointing=checkpointed)
         step07.parallelize(model, mesh, flags)
         loss, grads, collectives = one_step(model)
-        out[rank, checkpointed] = dict(loss=loss, grads=grads, collectives=dict(collectives.counts),
-                                       bytes=dict(collectives.bytes))
+        out[checkpointed] = dict(loss=loss, grads=grads, collectives=dict(collectives.counts),
+                                 bytes=dict(collectives.bytes))
     dist.destroy_process_group()
+    return out
 
 
-def grid_rank(rank: int, port: int, out: dict) -> None:
+def grid_rank(rank: int, port: int) -> dict:
     """A rank of 4 as 2 x 2 (dp x tp): step 07's parallelize (TP in each row, FSDP2 down each column), one step on
     its dp group's half of the batch."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4,
@@ -153,24 +153,15 @@ def grid_rank(rank: int, port: int, out: dict) -> None:
         mixed_precision=False, cpu_offload=False, reshard_after_forward=True, activation_checkpointing=False))
     half = mesh["dp"].get_local_rank()
     loss, grads, collectives = one_step(model, slice(4 * half, 4 * half + 4))
-    out[rank] = dict(loss=loss, grads=grads, collectives=dict(collectives.counts))
     dist.destroy_process_group()
-
-
-def run_ranks(function, world_size: int) -> dict:
-    """function(rank, port, out) in world_size new processes; what they put in out."""
-    out = mp.Manager().dict()
-    context = mp.start_processes(function, args=(free_port(), out), nprocs=world_size, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + 2 * TIMEOUT_S
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # True once all have exited, cleanly
-        assert time.monotonic() < deadline, f"the {world_size} ranks did not finish in {2 * TIMEOUT_S} s"
-    return dict(out)
+    return dict(loss=loss, grads=grads, collectives=dict(collectives.counts))
 
 
 @pytest.fixture(scope="module")
 def tp_pair() -> dict:
-    return run_ranks(tp_rank, 2)
+    """{(rank, checkpointed): its step}"""
+    ranks = spawned_ranks(tp_rank, 2, free_port(), timeout_s=2 * TIMEOUT_S)
+    return {(rank, checkpointed): step for rank, steps in enumerate(ranks) for checkpointed, step in steps.items()}
 
 
 def assert_one_processs_gradients(ours: dict, grads: dict) -> None:
@@ -195,7 +186,7 @@ def test_tp_on_2_ranks_computes_what_one_process_computes(tp_pair):
 def test_2_x_2_ranks_compute_what_one_process_computes_on_the_whole_batch():
     """4 ranks, 2 dp groups of a TP pair each, every group on its half of the batch: FSDP2 averages the groups'
     gradients, which are then the whole batch's in one process; each group's loss is its half's."""
-    grid = run_ranks(grid_rank, 4)
+    grid = spawned_ranks(grid_rank, 4, free_port(), timeout_s=2 * TIMEOUT_S)
     _, grads, _ = one_step(tiny_in_float64())
     halves = [one_step(tiny_in_float64(), slice(4 * h, 4 * h + 4))[0] for h in (0, 1)]
     for rank in range(4):

@@ -79,6 +79,37 @@ def test_under_ci_a_skip_is_a_failure(tmp_path):
     assert "skipped under CI (CI=true), which must run it: Skipped: no browser" in result.stdout
 
 
+
+FORKS = """
+import multiprocessing, subprocess, sys, types
+
+def driver(connected):  # ray as suite_rules sees it: only is_initialized() is asked
+    sys.modules["ray"] = types.SimpleNamespace(is_initialized=lambda: connected)
+
+def test_forks_a_driver():
+    driver(True)
+    with multiprocessing.get_context("fork").Manager():
+        pass
+
+def test_runs_a_command_from_a_driver():
+    driver(True)
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_forks_no_driver():
+    driver(False)
+    with multiprocessing.get_context("fork").Manager():
+        pass
+"""
+
+
+def test_a_test_that_forks_a_ray_driver_fails_where_it_forked(tmp_path):
+    out = pytest_on(tmp_path, FORKS).stdout
+    assert "FAILED test_it.py::test_forks_a_driver" in out, out
+    assert "this process forked while it was a Ray driver" in out and "in test_forks_a_driver" in out, out
+    assert "PASSED test_it.py::test_runs_a_command_from_a_driver" in out  # subprocess does not fork this interpreter
+    assert "PASSED test_it.py::test_forks_no_driver" in out
+
+
 EARLY = """
 import subprocess, sys, time
 import pytest

@@ -16,9 +16,9 @@ from checks import profile_summary
 pytestmark = pytest.mark.upstream
 
 
-# A fit here takes 10 to 30 s. Once (2026-12-05, AMD EPYC Zen 4, the full suite) Ray Train's controller stalled after
-# launching its PlacementGroupCleaner, before asking for its placement group, and fit() waited in ray.get, where
-# pytest-timeout's signal never reached Python, for 15 min. Waited for from another thread, the test fails here.
+# A fit here takes 10 to 30 s. Once this process's driver was cut off from Ray's actors (a fork of it, now a failure
+# of its own: suite_rules.py), Ray Train's controller started but its run never did, and fit() waited in ray.get,
+# where pytest-timeout's signal never reached Python, for 15 min. Waited for from another thread, the test fails here.
 FIT_DEADLINE_S = 240
 
 
