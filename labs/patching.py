@@ -15,25 +15,28 @@ def replace_in_common(**functions) -> None:
         setattr(module, name, function)
 
 
-def watch_training(float64: bool = False, **functions) -> dict:
+def watch_training(float64: bool = False, gradients_of=None, **functions) -> dict:
     """Replaces build_model and make_optimizer in common/ (and any other of its functions given) so that the lab's
-    run records its models, its optimizers and, at every optimizer step, each parameter's gradient: this rank's
-    shard of a sharded one (a DTensor's local part, its name in "sharded"). With float64, every model is built in
-    double precision (in_float64)."""
+    run records its models, its optimizers and, at every optimizer step, its gradients: gradients_of(model), by
+    default each parameter's gradient as this rank holds it (a DTensor's local part, its name in "sharded"). With
+    float64, every model is built in double precision (in_float64)."""
     from common.model import build_model
     from common.training import make_optimizer
     from torch.distributed.tensor import DTensor
 
     watched = dict(models=[], optimizers=[], gradients=[], sharded=set())
 
-    def record_gradients(*_):
+    def local_gradients(model) -> dict:
         gradients = {}
-        for name, p in watched["models"][-1].named_parameters():
+        for name, p in model.named_parameters():
             if isinstance(p.grad, DTensor):
                 watched["sharded"].add(name)
             if p.grad is not None:
                 gradients[name] = (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
-        watched["gradients"].append(gradients)
+        return gradients
+
+    def record_gradients(*_):
+        watched["gradients"].append((gradients_of or local_gradients)(watched["models"][-1]))
 
     def watched_build_model(*args, **kwargs):
         model = build_model(*args, **kwargs)

@@ -108,3 +108,12 @@ def first_difference(alone: dict, pair: list[dict], tolerance: float) -> tuple[s
             return ("factor", step + 1, ratio) if abs(ratio - round(ratio)) < 0.01 and round(ratio) > 1 else \
                 ("differ", step + 1, difference)
     return None
+
+
+def first_loss_difference(alone: dict, losses: list[float], tolerance: float) -> tuple[int, float, float] | None:
+    """The first optimizer step whose loss (losses, one per step) is not the reference's: (step, the loss, the
+    reference's loss); None if none is."""
+    for step, (one, two) in enumerate(zip(alone["steps"], losses, strict=False)):
+        if abs(one["loss"] - two) > tolerance:
+            return step + 1, two, one["loss"]
+    return None

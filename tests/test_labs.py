@@ -500,7 +500,8 @@ WRONG_ANSWERS = {
              "from torch.distributed.device_mesh import init_device_mesh\n"
              "from torch.distributed.tensor import Partial\n"),
             ('"mlp.3": RowwiseParallel()', '"mlp.3": RowwiseParallel(output_layouts=Partial())')],
-                    2, "step 1: the gradients are", "a row-wise layer's output on each rank is a partial sum"),
+                    2, "step 1: the 2 ranks' gradients differ", "a row-wise layer's output on each rank is a partial "
+                                                                   "sum"),
         WrongAnswer("the output left split by tokens", [
             ("from torch.distributed.device_mesh import init_device_mesh\n",
              "from torch.distributed.device_mesh import init_device_mesh\n"

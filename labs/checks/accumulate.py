@@ -61,9 +61,7 @@ def same_loss(alone: dict, watched: dict):
     if len(watched["losses"]) != len(alone["steps"]):
         return Outcome(SAME_LOSS, f"{len(watched['losses'])} losses reported for {len(alone['steps'])} optimizer "
                                   "steps", "one loss per optimizer step")
-    for step, (one, two) in enumerate(zip(alone["steps"], watched["losses"], strict=True)):
-        if abs(one["loss"] - two) > reference.TOLERANCE:
-            return Outcome(SAME_LOSS, f"step {step + 1}: 2 ranks reported train loss {two:.5f}, 1 process "
-                                      f"{one['loss']:.5f}", "a step's loss is the sum of its micro-batches' shares, "
-                                                             "averaged over the ranks")
+    if differs := reference.first_loss_difference(alone, watched["losses"], reference.TOLERANCE):
+        return Outcome(SAME_LOSS, "step {}: 2 ranks reported train loss {:.5f}, 1 process {:.5f}".format(*differs),
+                       "a step's loss is the sum of its micro-batches' shares, averaged over the ranks")
     return Outcome(SAME_LOSS, None, "")

@@ -82,10 +82,8 @@ def same_training(alone: dict, pair: list[dict]):
         case "steps", steps, _:
             return Outcome(SAME_TRAINING, f"the ranks took {steps} optimizer steps; 1 process takes "
                                           f"{len(alone['steps'])}", hint)
-    for step, (one, two) in enumerate(zip(alone["steps"], pair[0]["losses"], strict=False)):
-        if abs(one["loss"] - two) > reference.TOLERANCE:
-            return Outcome(SAME_TRAINING, f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's "
-                                          f"{one['loss']:.5f}", hint)
+    if differs := reference.first_loss_difference(alone, pair[0]["losses"], reference.TOLERANCE):
+        return Outcome(SAME_TRAINING, "step {}: 2 ranks' train loss {:.5f}, 1 process's {:.5f}".format(*differs), hint)
     return Outcome(SAME_TRAINING, None, "")
 
 

@@ -14,7 +14,7 @@ from common.model import TRANSFORMER_BLOCK, build_model, pack_attention, split_a
 from labs import reference
 from labs.harness import lab_args, load_lab
 from labs.outcome import Outcome
-from labs.patching import in_float64, replace_in_common
+from labs.patching import watch_training
 from labs.ranks import RunFailed, run_ranks
 
 SPLIT = ("each rank holds half of every block's attention and MLP matrices: q, k, v and mlp.0 split by their outputs "
@@ -122,51 +122,38 @@ def watched_main(lab_file) -> dict:
     """The lab's main() with its models built in float64, every optimizer step's gradients (whole: each split one
     gathered from the ranks, q, k and v packed as build_model's attention holds them) and the collectives counted,
     all but the check's own gathers."""
-    models, gradients = [], []
     counter = CountAllReduces()
 
-    def record(*_):
+    def whole_gradients(model) -> dict:
         counter.on = False
         whole = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
-                 for name, p in models[-1].named_parameters() if p.grad is not None}
-        gradients.append(pack_attention(whole))
+                 for name, p in model.named_parameters() if p.grad is not None}
         counter.on = True
+        return pack_attention(whole)
 
-    from common.model import build_model as build
-    from common.training import make_optimizer
-
-    def watched_build_model(*args, **kwargs):
-        models.append(in_float64(build(*args, **kwargs)))
-        return models[-1]
-
-    def watched_make_optimizer(*args, **kwargs):
-        optimizer = make_optimizer(*args, **kwargs)
-        optimizer.register_step_pre_hook(record)
-        return optimizer
-
-    replace_in_common(build_model=watched_build_model, make_optimizer=watched_make_optimizer)
+    watched = watch_training(float64=True, gradients_of=whole_gradients)
     lab = load_lab(lab_file)
     with counter:
         losses = lab.main(lab_args())
-    return dict(losses=losses, gradients=gradients, collectives=dict(counter.counts))
+    return dict(losses=losses, gradients=watched["gradients"], sharded=watched["sharded"],  # none: all whole
+                collectives=dict(counter.counts))
 
 
 def same_training(alone: dict, pair: list[dict]) -> Outcome:
     hint = ("a row-wise layer's output on each rank is a partial sum: the ranks' shares added by an all-reduce (its "
             "output whole, Replicate, by default) make the layer's output, which the residual adds to the input")
-    expected = [step["gradients"] for step in alone["steps"]]
-    ours = pair[0]["gradients"]
-    if len(ours) != len(expected):
-        return Outcome(SAME_TRAINING, f"the ranks took {len(ours)} optimizer steps; 1 process takes {len(expected)}",
-                       hint)
-    for step, (one, two) in enumerate(zip(expected, ours, strict=True)):
-        if (difference := reference.relative_difference(two, one)) > reference.TOLERANCE:
-            return Outcome(SAME_TRAINING, f"step {step + 1}: the gradients are {difference:.1%} away from 1 "
-                                          "process's", hint)
-    for step, (one, two) in enumerate(zip(alone["steps"], pair[0]["losses"], strict=False)):
-        if abs(one["loss"] - two) > reference.TOLERANCE:
-            return Outcome(SAME_TRAINING, f"step {step + 1}: 2 ranks' train loss {two:.5f}, 1 process's "
-                                          f"{one['loss']:.5f}", hint)
+    match reference.first_difference(alone, pair, reference.TOLERANCE):
+        case "steps", steps, _:
+            return Outcome(SAME_TRAINING, f"the ranks took {steps} optimizer steps; 1 process takes "
+                                          f"{len(alone['steps'])}", hint)
+        case "ranks differ", step, _:
+            return Outcome(SAME_TRAINING, f"step {step}: the 2 ranks' gradients differ, as if each trained a model "
+                                          "of its own", hint)
+        case ("factor" | "differ") as kind, step, value:
+            how = f"{value:.2f} times" if kind == "factor" else f"{value:.1%} away from"
+            return Outcome(SAME_TRAINING, f"step {step}: the gradients are {how} 1 process's", hint)
+    if differs := reference.first_loss_difference(alone, pair[0]["losses"], reference.TOLERANCE):
+        return Outcome(SAME_TRAINING, "step {}: 2 ranks' train loss {:.5f}, 1 process's {:.5f}".format(*differs), hint)
     return Outcome(SAME_TRAINING, None, "")
 
 
