@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import tempfile
 import time
 from collections import Counter
 from datetime import timedelta
@@ -124,8 +125,8 @@ def allocated_peak(profiler, window: str) -> int:
     return peak
 
 
-def measure(rank: int, port: int, config: dict, results: dict) -> None:
-    """A rank of the pair: 2 optimizer steps, the second counted."""
+def measure(rank: int, port: int, config: dict, folder: str) -> None:
+    """A rank of the pair: 2 optimizer steps, the second counted, written to folder/RANK.json."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -163,10 +164,10 @@ def measure(rank: int, port: int, config: dict, results: dict) -> None:
             optimizer.step()
     profiler.stop()
     sent.update(counting)
-    results[rank] = dict(
+    Path(folder, f"{rank}.json").write_text(json.dumps(dict(
         **state_bytes(optimizer), peak=tracker.get_tracker_snapshot("peak")[CPU]["Total"] if tracker else None,
         allocated_peak=allocated_peak(profiler, "steps"),
-        collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})
+        collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})))
     dist.destroy_process_group()
 
 
@@ -179,15 +180,17 @@ def sync(model, strategy: str, last_micro_batch: bool):
     return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-def measured(config: dict) -> dict:
-    results = mp.Manager().dict()
-    context = mp.start_processes(measure, args=(free_port(), config, results), nprocs=WORLD_SIZE, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"error: {config} did not finish in {TIMEOUT_S} s")
-    return [results[r] for r in range(WORLD_SIZE)]
+def measured(config: dict) -> list:
+    # The ranks write what they measured to files: a multiprocessing.Manager would fork this process, which breaks
+    # a Ray driver that calls this (the test suite's: tests/suite_rules.py).
+    with tempfile.TemporaryDirectory() as folder:
+        context = mp.start_processes(measure, args=(free_port(), config, folder), nprocs=WORLD_SIZE, join=False,
+                                     start_method="spawn")
+        deadline = time.monotonic() + TIMEOUT_S
+        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"error: {config} did not finish in {TIMEOUT_S} s")
+        return [json.loads(Path(folder, f"{r}.json").read_text()) for r in range(WORLD_SIZE)]
 
 
 def predicted(config: dict, fit) -> list:
