@@ -901,7 +901,7 @@ TABLES = {
     "ray-start-levers": (RAY_START_LEVERS, ray_start_levers),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
-        ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",))]},
+        ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",)), ("07", ("07",))]},
 }
 
 
