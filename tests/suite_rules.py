@@ -10,9 +10,9 @@
 - A test that forks this process while it is a Ray driver (the test cluster's, ray_driver) fails, with where it
   forked. gRPC, under Ray's GCS client and pubsub, is not fork-safe in a driver (ray-project/ray#22909, forking for
   multiprocessing.Manager(); #59661, open): seen here, after test_step07's Manager() (which forks), every later
-  Ray Train fit() of this driver never started its run and ray.shutdown() hung (3 full suites, 2026-12-05). Start
-  processes with subprocess or spawn (processes.spawned_ranks): subprocess's children are not forks of this
-  interpreter."""
+  Ray Train fit() of this driver never started its run and ray.shutdown() hung (two full suites and a CI run;
+  an actor call after every test found the driver cut off right after that Manager, 2026-12-05). Start processes
+  with subprocess or spawn (processes.spawned_ranks): subprocess's children are not forks of this interpreter."""
 import os
 import signal
 import sys

@@ -1,7 +1,7 @@
 """The suite's own rules (suite_rules.py) hold: a fixture past its time limit fails, at setup and at teardown, and the
-suite goes on; under CI a skip is a failure. And its early runs (early.py) start with the session. Each check runs
-pytest on a few lines of tests in a new process with that plugin alone (no torch to import: about a second). Last,
-a run forked from processes.Preloaded is its command line's."""
+suite goes on; under CI a skip is a failure; a test that forks a Ray driver fails. And its early runs (early.py)
+start with the session. Each check runs pytest on a few lines of tests in a new process with that plugin alone (no
+torch to import: about a second). Last, a run forked from processes.Preloaded is its command line's."""
 import os
 import re
 import subprocess
@@ -77,7 +77,6 @@ def test_under_ci_a_skip_is_a_failure(tmp_path):
     result = pytest_on(tmp_path, source, CI="true")
     assert result.returncode == 1 and "FAILED test_it.py::test_skips" in result.stdout, result.stdout
     assert "skipped under CI (CI=true), which must run it: Skipped: no browser" in result.stdout
-
 
 
 FORKS = """
