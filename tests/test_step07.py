@@ -33,11 +33,11 @@ BLOCKS = len(build_model("tiny").encoder.layers)
 @pytest.fixture(scope="module")
 @time_limit(420)  # two Ray runs, each limited to run()'s 180 s
 def tp_run(ray_cluster, tmp_path_factory):
-    """One step-07 run that changes its mesh: epoch 1 on 1 worker (a TP group of 1), which crashes with no restart
-    left, as step 04's fsdp2_run does; --resume finishes it as 1 TP group of 2, loading epoch 1's checkpoint onto
-    the other mesh; profiled there."""
+    """One step-07 run that changes its mesh: epoch 1 on 2 workers as 2 dp groups of 1 (--tp 1: FSDP2 alone), which
+    crashes with no restart left; --resume finishes it as 1 TP group of 2, loading epoch 1's checkpoint onto the
+    other mesh; profiled there."""
     storage = tmp_path_factory.mktemp("tp")
-    crashed = ray_script(RAY_TP, ray_cluster, storage, *ACCUMULATE, "--num-workers", "1", "--fail-at-epoch", "1",
+    crashed = ray_script(RAY_TP, ray_cluster, storage, *ACCUMULATE, "--tp", "1", "--fail-at-epoch", "1",
                          "--max-failures", "0")
     assert crashed.returncode != 0, crashed.stderr[-3000:]
     result = ray_script(RAY_TP, ray_cluster, storage, *ACCUMULATE, *PROFILE, "--resume", "--tp", "2")
@@ -55,9 +55,9 @@ def test_tp_trains_and_resumes_on_another_mesh(tp_run):
     assert_sane_summary(summary, "ray_tp", world_size=2, resumed=True)
     assert resumed_after(result.stdout) == [1] and "epoch 2/2 | 2 processes |" in result.stdout
     assert "memory per rank (MB)" in result.stdout
-    # Each rank's DCP shard (epoch 1: 1 rank's whole model; epoch 2: TP's halves), DCP's index, Ray's metadata,
-    # model.pt last.
-    assert {p.name for p in ray_checkpoints(storage)[0].iterdir()} == {"__0_0.distcp", ".metadata", ".metadata.json"}
+    # Each rank's DCP shard (epoch 1: FSDP2's halves; epoch 2: TP's), DCP's index, Ray's metadata, model.pt last.
+    assert {p.name for p in ray_checkpoints(storage)[0].iterdir()} == {"__0_0.distcp", "__1_0.distcp", ".metadata",
+                                                                       ".metadata.json"}
     assert {p.name for p in latest_ray_checkpoint(storage).iterdir()} == {"__0_0.distcp", "__1_0.distcp",
                                                                           ".metadata", ".metadata.json", "model.pt"}
 
