@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import tempfile
 import time
 from collections import Counter
 from datetime import timedelta
@@ -25,8 +24,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from benchmarks.ranks import spawned_ranks
 from benchmarks.record import ROOT, describe_commit, describe_machine, made_by
 from common.meter import state_bytes
 from common.model import TRANSFORMER_BLOCK, build_model
@@ -125,8 +124,8 @@ def allocated_peak(profiler, window: str) -> int:
     return peak
 
 
-def measure(rank: int, port: int, config: dict, folder: str) -> None:
-    """A rank of the pair: 2 optimizer steps, the second counted, written to folder/RANK.json."""
+def measure(rank: int, port: int, config: dict) -> dict:
+    """A rank of the pair: 2 optimizer steps, the second counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -164,11 +163,11 @@ def measure(rank: int, port: int, config: dict, folder: str) -> None:
             optimizer.step()
     profiler.stop()
     sent.update(counting)
-    Path(folder, f"{rank}.json").write_text(json.dumps(dict(
+    dist.destroy_process_group()
+    return dict(
         **state_bytes(optimizer), peak=tracker.get_tracker_snapshot("peak")[CPU]["Total"] if tracker else None,
         allocated_peak=allocated_peak(profiler, "steps"),
-        collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})))
-    dist.destroy_process_group()
+        collectives={name: [sent[name, "count"], sent[name, "bytes"]] for name, _ in sent if _ == "count"})
 
 
 def sync(model, strategy: str, last_micro_batch: bool):
@@ -181,16 +180,10 @@ def sync(model, strategy: str, last_micro_batch: bool):
 
 
 def measured(config: dict) -> list:
-    # The ranks write what they measured to files: a multiprocessing.Manager would fork this process, which breaks
-    # a Ray driver that calls this (the test suite's: tests/suite_rules.py).
-    with tempfile.TemporaryDirectory() as folder:
-        context = mp.start_processes(measure, args=(free_port(), config, folder), nprocs=WORLD_SIZE, join=False,
-                                     start_method="spawn")
-        deadline = time.monotonic() + TIMEOUT_S
-        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"error: {config} did not finish in {TIMEOUT_S} s")
-        return [json.loads(Path(folder, f"{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    try:
+        return spawned_ranks(measure, WORLD_SIZE, free_port(), config, timeout_s=TIMEOUT_S)
+    except TimeoutError:
+        raise SystemExit(f"error: {config} did not finish in {TIMEOUT_S} s") from None
 
 
 def predicted(config: dict, fit) -> list:

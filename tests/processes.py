@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -71,30 +70,6 @@ def torchrun(script, nproc, *args, **kwargs) -> subprocess.CompletedProcess:
     from common.rendezvous import free_port  # as the labs' checks pick theirs
     return run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                 "--master-port", str(free_port()), str(ROOT / script), *args], **kwargs)
-
-
-def spawned_ranks(function, world_size: int, *args, timeout_s: float) -> list:
-    """function(rank, *args) in world_size new interpreters at once (torch.multiprocessing's spawn): what each
-    returned, in rank order (torch.save'd: tensors too). Never forked: a fork of this process, once it is the test
-    cluster's Ray driver, cuts that driver off from Ray's actors (suite_rules.py fails the test that forks)."""
-    import torch
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as folder:
-        ranks = mp.start_processes(saved_return, args=(function, folder, args), nprocs=world_size, join=False,
-                                   start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # True once all have exited, cleanly
-            if time.monotonic() > deadline:
-                for rank in ranks.processes:
-                    rank.kill()
-                raise AssertionError(f"the {world_size} ranks of {function.__name__} did not finish in {timeout_s:g} s")
-        return [torch.load(Path(folder, f"{rank}.pt"), weights_only=False) for rank in range(world_size)]
-
-
-def saved_return(rank: int, function, folder: str, args: tuple) -> None:
-    import torch
-    torch.save(function(rank, *args), Path(folder, f"{rank}.pt"))
 
 
 def descendants(pid: int) -> set[int]:

@@ -12,7 +12,7 @@
   multiprocessing.Manager(); #59661, open): seen here, after test_step07's Manager() (which forks), every later
   Ray Train fit() of this driver never started its run and ray.shutdown() hung (two full suites and a CI run;
   an actor call after every test found the driver cut off right after that Manager, 2026-12-05). Start processes
-  with subprocess or spawn (processes.spawned_ranks): subprocess's children are not forks of this interpreter."""
+  with subprocess or spawn (benchmarks.ranks.spawned_ranks): subprocess's children are not forks of this interpreter."""
 import os
 import signal
 import sys
@@ -94,7 +94,8 @@ def pytest_runtest_makereport(item, call):
         FORKS_OF_A_DRIVER.clear()
         report.outcome = "failed"
         report.longrepr = (f"this process forked while it was a Ray driver, which cuts it off from Ray's actors: "
-                           f"start processes with subprocess or spawn (processes.spawned_ranks). Forked at:\n{where}")
+                           f"start processes with subprocess or spawn (benchmarks.ranks.spawned_ranks). Forked "
+                           f"at:\n{where}")
     if report.skipped and not hasattr(report, "wasxfail") and os.environ.get("CI", "").lower() == "true":
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome, report.longrepr = "failed", f"skipped under CI (CI=true), which must run it: {reason}"

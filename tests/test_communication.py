@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from benchmarks.ranks import spawned_ranks
 from common.model import TRANSFORMER_BLOCK, build_model, count_params
 from checks import load_script
 from conftest import ROOT
 from common.rendezvous import free_port
-from processes import spawned_ranks
 
 WORLD_SIZE = 2
 TIMEOUT_S = 60  # the collectives' deadline, and each process's

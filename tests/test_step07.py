@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from benchmarks.ranks import spawned_ranks
 from benchmarks.steps import step
 from checks import (assert_same_weights, assert_sane_summary, checkpoint_weights, collectives_per_step, final_json,
                     latest_ray_checkpoint, load_script, profile_summary, ray_checkpoints, resumed_after)
@@ -21,7 +22,6 @@ from common.training import evaluate
 from conftest import ACCUMULATE, EVAL_IMAGES, PROFILE, ROOT, ROUNDING, ray_script
 from labs.checks.tp_plan import CountAllReduces  # DTensor's collectives, by kind (lab 07's check counts so)
 from labs.reference import TOLERANCE, relative_difference
-from processes import spawned_ranks
 from suite_rules import time_limit
 from test_communication import per_step_megabytes
 
