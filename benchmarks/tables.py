@@ -18,6 +18,8 @@ from pathlib import Path
 from benchmarks import steps as registry
 from benchmarks.markdown import table
 from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
+from benchmarks.suite_tables import account_tables, sessions_table, tiers_line
+from benchmarks.suite_tables import measured_on as suite_measured_on
 from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
 from common.data import TRAIN_SIZES
 
@@ -32,8 +34,14 @@ ACTIVATIONS = PUBLISHED / "activations" / "results.json"
 RAY_START = PUBLISHED / "ray-start" / "results.json"
 RAY_START_LEVERS = PUBLISHED / "ray-start-levers" / "results.json"
 TENSOR_PARALLEL = PUBLISHED / "tensor-parallel" / "results.json"
+# The test suite's account (tests/history/account/account.py): the whole suite before the tiers, the durations the
+# tiers are decided from (tests/tiers.py), and both tiers as .ci/run runs them.
+SUITE_BEFORE = ROOT / "tests" / "history" / "account" / "before.json"
+SUITE_DURATIONS = ROOT / "tests" / "durations.json"
+SUITE_TIERS = ROOT / "tests" / "history" / "account" / "tiers.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
-             "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md"]
+             "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md", "tests/README.md",
+             "tests/history/*/README.md"]
 REGION = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 # What each steps-section run is, for a reader: the step and the command's difference.
@@ -899,6 +907,14 @@ TABLES = {
     "ray-start-fresh": (RAY_START, lambda results: ray_start_processes(results, RAY_FRESH)),
     "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, RAY_WARM)),
     "ray-start-levers": (RAY_START_LEVERS, ray_start_levers),
+    "suite-before": (SUITE_BEFORE, account_tables),
+    "suite-before-sessions": (SUITE_BEFORE, lambda results: sessions_table(results) + [
+        "", f"Measured on {suite_measured_on(results)}."]),
+    "suite-durations": (SUITE_DURATIONS, account_tables),
+    "suite-tiers-account": (SUITE_TIERS, account_tables),
+    "suite-tiers-sessions": (SUITE_TIERS, lambda results: sessions_table(results) + [
+        "", f"Measured on {suite_measured_on(results)}."]),
+    "suite-tiers": (SUITE_TIERS, tiers_line),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",)), ("07", ("07",))]},
@@ -909,8 +925,9 @@ def render(name: str) -> str:
     """The table, or, until its results.json is published, a line that says so."""
     path, table = TABLES[name]
     if not path.exists():
-        return (f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in "
-                f"benchmarks/README.md, section Maintainers.\n")
+        where = ("tests/history/account/README.md" if path.is_relative_to(ROOT / "tests")
+                 else "benchmarks/README.md, section Maintainers")
+        return f"Not measured on today's code yet: `{path.relative_to(ROOT)}` is made by a command in {where}.\n"
     return "\n".join(table(json.loads(path.read_text()))) + "\n"
 
 

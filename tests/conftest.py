@@ -1,5 +1,6 @@
-"""The suite's shared settings, runs and checks. Its two plugins: suite_rules.py (every fixture's time limit, CI's
-no-skip rule) and early.py (the runs that start with the session); processes starts every process."""
+"""The suite's shared settings, runs and checks. Its three plugins: suite_rules.py (every fixture's time limit, CI's
+no-skip rule), early.py (the runs that start with the session) and tiers.py (which tier a test is in); processes starts
+every process."""
 import argparse
 import builtins
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.register_assert_rewrite("early", "suite_rules")  # plugins (pytest_plugins, below) this file imports
+pytest.register_assert_rewrite("early", "suite_rules", "tiers")  # plugins (pytest_plugins, below) this file imports
 from early import takes  # noqa: E402
 from checks import final_json, load_script  # noqa: E402
 from processes import ROOT, python, torchrun  # noqa: E402
@@ -21,7 +22,7 @@ from suite_rules import time_limit  # noqa: E402
 from benchmarks.steps import step  # noqa: E402
 from common.meter import summary_of  # noqa: E402
 
-pytest_plugins = ["suite_rules", "early"]
+pytest_plugins = ["suite_rules", "early", "tiers"]
 SINGLE, DDP, RAY_DDP, RAY_FSDP2, TUNE = (step(name).script for name in (  # the registry's: benchmarks/steps.py
     "single_machine", "ddp", "ray_ddp", "ray_fsdp2", "ray_tune"))
 # Tiny, fast settings on the synthetic data: 2 epochs of 6 steps. In so few steps the recipe's lr 2e-3 often

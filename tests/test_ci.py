@@ -1,5 +1,7 @@
-"""CI: the GitHub workflow is valid (actionlint) and runs .ci/run, which runs the README's test command and hands its
-extra arguments to pytest, so the workflow, .ci/run and the README cannot drift apart."""
+"""CI: the GitHub workflow is valid (actionlint) and runs .ci/run, which runs the README's test command (the README's
+tier), then the slow tier in the environment it made, and hands a tier's extra arguments to its pytest, so the
+workflow, .ci/run and the README cannot drift apart."""
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -41,15 +43,16 @@ def test_actionlint_finds_a_broken_workflow(tmp_path):
     assert result.returncode != 0 and "pushh" in result.stdout and "nowhere" in result.stdout
 
 
-def test_the_workflow_runs_the_smoke_tier_on_pushes_and_the_full_suite_nightly_through_ci_run():
+def test_the_workflow_runs_the_readmes_tier_on_pushes_and_both_tiers_nightly_through_ci_run():
     [workflow] = [yaml.safe_load(path.read_text()) for path in WORKFLOWS if path.name == "tests.yml"]
     events = workflow[True]  # YAML 1.1 reads the key `on` as True
     assert {"push", "pull_request", "schedule", "workflow_dispatch"} <= set(events)
     commands = {name: [step["run"] for step in job["steps"] if "run" in step] for name, job in workflow["jobs"].items()}
-    # The full suite as root (tests/hosts.py's namespaces; .ci/run's apt-get), with setup-python's PATH.
+    # Both as root (tests/hosts.py's namespaces; .ci/run's apt-get), with setup-python's PATH.
     assert {name: runs[-1] for name, runs in commands.items()} == {
-        "smoke": "bash .ci/run -m smoke", "full": 'sudo env "PATH=$PATH" CI=true bash .ci/run'}
-    assert "push" in workflow["jobs"]["smoke"]["if"] and "schedule" in workflow["jobs"]["full"]["if"]
+        "readme-tier": 'sudo env "PATH=$PATH" CI=true bash .ci/run readme',
+        "full": 'sudo env "PATH=$PATH" CI=true bash .ci/run'}
+    assert "push" in workflow["jobs"]["readme-tier"]["if"] and "schedule" in workflow["jobs"]["full"]["if"]
     for job in workflow["jobs"].values():
         [setup] = [step for step in job["steps"] if step.get("uses", "").startswith("actions/setup-python")]
         assert setup["with"]["cache"] == "pip" and "requirements" in setup["with"]["cache-dependency-path"]
@@ -78,6 +81,7 @@ def test_the_workflow_installs_torch_and_torchvision_alone_from_pytorchs_cpu_ind
 
 
 PYTORCH_CPU = "https://download.pytorch.org/whl/cpu"
+TEST_ID_RECORDS = {"tests/durations.json", "tests/slow.txt"}  # tests/tiers.py's
 # Where an index is named: an option or variable of pip's (its value, on the same line or the next), or an address of
 # an index's shape (PyPI's /simple, its file host, PyTorch's wheels, any /simple).
 INDEX_OPTION = re.compile(r"(?:--(?:extra-)?index-url|--find-links|-f|PIP_(?:EXTRA_)?INDEX_URL|PIP_FIND_LINKS|"
@@ -98,6 +102,8 @@ def test_no_package_index_but_pytorchs_cpu_wheels_is_written_anywhere():
                             capture_output=True, text=True, check=True, timeout=30).stdout.split("\0")
     named = {}
     for name in filter(None, listed):
+        if name in TEST_ID_RECORDS or fnmatch.fnmatch(name, "tests/history/account/*.json"):
+            continue  # test ids, which quote the commands the docs' tests run (pip's, PyTorch's index cut short)
         try:
             text = (ROOT / name).read_text()
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
@@ -132,7 +138,7 @@ def ci_run(tmp_path):
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "README.md").write_text("# x\n\n<!-- test-command -->\n```bash\n"
                                         "python() { echo \"CI=$CI\"; echo \"pytest got:\" \"$@\"; } && "
-                                        "python -m pytest\n"
+                                        "python -m pytest -m \"not slow\"\n"
                                         "```\n<!-- /test-command -->\n")
     tools, log = tmp_path / "bin", tmp_path / "apt.log"
     tools.mkdir()
@@ -149,12 +155,21 @@ def ci_run(tmp_path):
     return run, log
 
 
-def test_ci_run_hands_its_arguments_to_the_readmes_pytest(ci_run):
+def test_ci_run_runs_the_readmes_tier_then_the_slow_tier_and_hands_a_tiers_arguments_to_its_pytest(ci_run):
     run, _ = ci_run
-    result = run("-m", "smoke", "-k", "two words")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "pytest got: -m pytest -m smoke -k two words"
-    assert run().stdout.splitlines()[-1] == "pytest got: -m pytest"
+    both = run()
+    assert both.returncode == 0, both.stderr
+    assert [line for line in both.stdout.splitlines() if line.startswith("pytest got")] == [
+        "pytest got: -m pytest -m not slow", "pytest got: -m pytest -m slow"]
+    assert run("readme", "-m", "smoke", "-k", "two words").stdout.splitlines()[-1] == (
+        "pytest got: -m pytest -m not slow -m smoke -k two words")
+    assert [line for line in run("readme").stdout.splitlines() if line.startswith("pytest got")] == [
+        "pytest got: -m pytest -m not slow"]
+    assert [line for line in run("slow", "-x").stdout.splitlines() if line.startswith("pytest got")] == [
+        "pytest got: -m pytest -m slow -x"]
+    wrong = run("fast")
+    assert wrong.returncode == 1
+    assert wrong.stderr.strip() == "error: no tier 'fast': .ci/run [readme|slow] [PYTEST ARGS]"
 
 
 def test_ci_run_installs_debians_chromium_where_none_is_installed_and_makes_a_skip_fail(ci_run, tmp_path):
@@ -167,7 +182,7 @@ def test_ci_run_installs_debians_chromium_where_none_is_installed_and_makes_a_sk
     without = run()
     assert without.returncode == 0, without.stderr
     assert log.read_text().splitlines() == ["apt-get update -q", "apt-get install -y -q chromium"]
-    assert without.stdout.splitlines()[-2:] == ["CI=true", "pytest got: -m pytest"]
+    assert without.stdout.splitlines()[-2:] == ["CI=true", "pytest got: -m pytest -m slow"]
 
 
 def test_ci_run_installs_debians_slurm_munge_and_iproute2_where_missing_in_the_same_apt_get(ci_run, tmp_path):
@@ -186,5 +201,5 @@ def readme_test_command() -> str:
     return command
 
 
-def test_the_readmes_test_command_ends_with_pytest_so_arguments_reach_it():
-    assert readme_test_command().endswith("python -m pytest")
+def test_the_readmes_test_command_ends_with_its_tiers_pytest_so_arguments_reach_it():
+    assert readme_test_command().endswith(' && python -m pytest -m "not slow"')

@@ -140,22 +140,26 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
     return run([sys.executable, "-m", "labs.check", lab, *flags], timeout=CHECK_TIMEOUT_S)
 
 
-# 705 s in the full suite at 48cb1b6; 617 and 568 s once lab 05's check ran no sweep over a search space that
-# fails (9e2e582, 3f730ef; AMD EPYC Zen 5, 2026-11-29). Lab 05's wrong answers then ran 4 sweeps, now 10: 1118 and
-# 1552 s with `-k 05` (62 to 162 s a sweep) beside other work on the machine (load 4 to 14), not yet measured in
-# the full suite. Two right answers (RIGHT_ANSWERS) added a sweep of lab 05 (57 s alone) and a check of lab 06 (12 s)
-# on an Intel Xeon, 2026-12-04; lab 05's was dropped since. 1499 s in the full suite at 4999274 (AMD EPYC Zen 4,
-# 2026-12-04), before lab 05's right answer came back, a sweep on a Ray of its own (RIGHT_ANSWERS says why).
-@takes(1600)
+# The checks of EARLY_LABS run in two early runs: on the untouched files and the solutions (the README's tier), and
+# on every wrong and right answer (the slow tier: tests/tiers.py). The answers' run took 705 s in the full suite at
+# 48cb1b6; 617 and 568 s once lab 05's check ran no sweep over a search space that fails (9e2e582, 3f730ef; AMD EPYC
+# Zen 5, 2026-11-29). Lab 05's wrong answers then ran 4 sweeps, now 10: 1118 and 1552 s with `-k 05` (62 to 162 s a
+# sweep) beside other work on the machine (load 4 to 14). Two right answers (RIGHT_ANSWERS) added a sweep of lab 05
+# (57 s alone) and a check of lab 06 (12 s) on an Intel Xeon, 2026-12-04; lab 05's was dropped since. 1499 s in the
+# full suite at 4999274 (AMD EPYC Zen 4, 2026-12-04), before lab 05's right answer came back, a sweep on a Ray of its
+# own (RIGHT_ANSWERS says why).
+@takes(300)
 def early_lab_checks(folder, lane) -> dict:
-    """The checks of EARLY_LABS on their files untouched, solved, and as each wrong and right answer (lab 05's each a
-    sweep of 3 trials, about 50 s): in the early lane, beside the other tests, on a two-node cluster of their own,
-    with reference runs of their own, forked from a server that imported their checks (processes.Preloaded; their
-    output in the run's folder). {(lab, case): what the check printed}."""
-    os.environ["LABS_CACHE"] = str(folder / "labs-cache")  # this process's, handed on to the checks
+    """The checks of EARLY_LABS on their untouched files and their solutions (early_checks)."""
+    return early_checks(folder, {(lab, case): file for lab in EARLY_LABS for case, file in
+                                 (("untouched", None), ("solution", lab_file(lab, "labs/solutions")))})
+
+
+@takes(1600)
+def early_lab_answers(folder, lane) -> dict:
+    """The checks of EARLY_LABS on each wrong and right answer (lab 05's each a sweep of 3 trials, about 50 s)."""
     files, own_ray = {}, set()
     for lab in EARLY_LABS:
-        files[lab, "untouched"], files[lab, "solution"] = None, lab_file(lab, "labs/solutions")
         for i, answer in enumerate([*WRONG_ANSWERS[lab], *RIGHT_ANSWERS.get(lab, [])]):
             files[lab, answer.name] = folder / f"{lab}-answer-{i}" / LABS[lab].file
             files[lab, answer.name].parent.mkdir()
@@ -163,6 +167,15 @@ def early_lab_checks(folder, lane) -> dict:
                 wrong_answer(lab, answer) if isinstance(answer, WrongAnswer) else edited(lab, answer.edits))
             if isinstance(answer, RightAnswer) and answer.on_its_own_ray:
                 own_ray.add((lab, answer.name))
+    return early_checks(folder, files, own_ray)
+
+
+def early_checks(folder, files: dict, own_ray: set = frozenset()) -> dict:
+    """The checks of these {(lab, case): file}: in the early lane, beside the other tests, on a two-node cluster of
+    their own (the cases in own_ray on a Ray of their own), with reference runs of their own, forked from a server
+    that imported their checks (processes.Preloaded; their output in the run's folder). {(lab, case): what the
+    check printed}."""
+    os.environ["LABS_CACHE"] = str(folder / "labs-cache")  # this process's, handed on to the checks
     cluster = two_node_cluster()
     checks = check_server(EARLY_LABS, folder)
     try:
@@ -183,9 +196,9 @@ def check_on_time(lab: str, file, address: str, run) -> subprocess.CompletedProc
                                            f"{lab} ran past its {late.timeout:g} s")
 
 
-def on_time(lab: str, *values):
-    """The parameters of a test of this lab's check: marked early for EARLY_LABS (early_lab_checks)."""
-    return pytest.param(lab, *values, marks=[pytest.mark.early(run=early_lab_checks)] if lab in EARLY_LABS else [])
+def on_time(lab: str, *values, run=early_lab_checks):
+    """The parameters of a test of this lab's check: marked early, with this run, for EARLY_LABS."""
+    return pytest.param(lab, *values, marks=[pytest.mark.early(run=run)] if lab in EARLY_LABS else [])
 
 
 def verdicts(stdout: str) -> list[str]:
@@ -560,8 +573,8 @@ WRONG_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("lab, wrong", [on_time(lab, wrong) for lab, answers in WRONG_ANSWERS.items()
-                                        for wrong in answers],
+@pytest.mark.parametrize("lab, wrong", [on_time(lab, wrong, run=early_lab_answers)
+                                        for lab, answers in WRONG_ANSWERS.items() for wrong in answers],
                          ids=lambda value: value.name.replace(" ", "-") if isinstance(value, WrongAnswer) else value)
 def test_a_wrong_answer_fails_its_check_with_the_concepts_hint(request, ran_early, tmp_path, lab, wrong):
     (tmp_path / LABS[lab].file).write_text(wrong_answer(lab, wrong))
@@ -658,8 +671,8 @@ RIGHT_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("lab, right", [on_time(lab, right) for lab, answers in RIGHT_ANSWERS.items()
-                                        for right in answers],
+@pytest.mark.parametrize("lab, right", [on_time(lab, right, run=early_lab_answers)
+                                        for lab, answers in RIGHT_ANSWERS.items() for right in answers],
                          ids=lambda value: value.name.replace(" ", "-") if isinstance(value, RightAnswer) else value)
 def test_a_right_answer_written_otherwise_passes(request, ran_early, tmp_path, lab, right):
     (tmp_path / LABS[lab].file).write_text(edited(lab, right.edits))
