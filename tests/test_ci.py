@@ -172,6 +172,18 @@ def test_ci_run_runs_the_readmes_tier_then_the_slow_tier_and_hands_a_tiers_argum
     assert wrong.stderr.strip() == "error: no tier 'fast': .ci/run [readme|slow] [PYTEST ARGS]"
 
 
+def test_a_failed_readme_tier_still_runs_the_slow_tier_and_fails_the_run(ci_run, tmp_path):
+    run, _ = ci_run
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace('echo "pytest got:" "$@";', 'echo "pytest got:" "$@"; '
+                                                 '[[ "$*" != *"not slow"* ]];'))
+    result = run()
+    assert result.returncode == 1
+    assert [line for line in result.stdout.splitlines() if line.startswith("pytest got")] == [
+        "pytest got: -m pytest -m not slow", "pytest got: -m pytest -m slow"]
+    assert "error: this tier failed (exit 1)" in result.stderr
+
+
 def test_ci_run_installs_debians_chromium_where_none_is_installed_and_makes_a_skip_fail(ci_run, tmp_path):
     """With a Chromium on PATH nothing is installed; without one, apt-get installs Debian's. Either way pytest runs
     with CI=true, under which a skip fails (suite_rules.py)."""
