@@ -2,6 +2,7 @@
 tier), then the slow tier in the environment it made, and hands a tier's extra arguments to its pytest, so the
 workflow, .ci/run and the README cannot drift apart."""
 import fnmatch
+import json
 import re
 import shutil
 import subprocess
@@ -60,6 +61,17 @@ def test_the_workflow_runs_the_readmes_tier_on_pushes_and_both_tiers_nightly_thr
     assert commands["full"][-2] == "chromium --version"
     assert workflow["env"]["CI"] == "true"  # a skip fails (suite_rules.py): the UI test must run
     assert not [key for key in workflow["env"] if key.startswith("PIP_")]  # pip's own index for all but torch's two
+
+
+def test_the_workflow_says_what_each_tier_took_as_tiers_json_measured_it():
+    """The workflow's comments on its two jobs quote the last account of both tiers (tests/history/account)."""
+    results = json.loads((ROOT / "tests" / "history" / "account" / "tiers.json").read_text())
+    readme, slow = results["sessions"]
+    text = (ROOT / ".github" / "workflows" / "tests.yml").read_text()
+    assert (f"# The README's tier: {readme['tests']} tests, {readme['pytest_seconds'] / 60:.1f} min of pytest "
+            f"(tests/history/account/tiers.json)") in text
+    assert (f"# Both tiers: {readme['tests'] + slow['tests']} tests, "
+            f"{(readme['pytest_seconds'] + slow['pytest_seconds']) / 60:.1f} min of pytest") in text
 
 
 def test_the_workflow_installs_torch_and_torchvision_alone_from_pytorchs_cpu_index_at_the_pinned_versions():

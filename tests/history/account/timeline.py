@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-# A pytest that a test starts (PYTEST_ADDOPTS reaches it too) writes nothing: only the sessions .ci/run starts.
-_nested = os.environ.get("SUITE_TIMELINE_NESTED") == "1"
-os.environ["SUITE_TIMELINE_NESTED"] = "1"
-_file = open(os.devnull if _nested else os.environ["SUITE_TIMELINE"], "a", buffering=1)
+# Only the sessions that .ci/run starts: a pytest that a test starts gets neither this plugin nor the variable (the
+# suite's own rules run pytest in folders and environments of their own, where the plugin would not import).
+os.environ.pop("PYTEST_ADDOPTS", None)
+_file = open(os.environ["SUITE_TIMELINE"], "a", buffering=1)
 
 
 def _write(**record):
