@@ -16,7 +16,7 @@ def measured_on(results: dict) -> str:
 
 def sessions_table(results: dict) -> list:
     """Each pytest session: its tests, its time, the cores' work, and its two lanes (the critical one is longer)."""
-    rows = [[session.get("tier", "whole suite"), session["tests"], f"{session['pytest_seconds']:.0f} s "
+    rows = [[session["tier"], session["tests"], f"{session['pytest_seconds']:.0f} s "
              f"({minutes(session['pytest_seconds'])})", f"{session['machine_busy_core_seconds']:.0f}",
              f"{session['machine_busy_core_seconds'] / session['pytest_seconds']:.2f}",
              f"{session['main_lane_seconds']:.0f} s", f"{session['early_lane_seconds']:.0f} s"]
@@ -57,6 +57,10 @@ def early_table(results: dict) -> list:
 def account_tables(results: dict) -> list:
     return (sessions_table(results) + [""] + files_table(results) + [""] + shared_table(results) + [""]
             + early_table(results) + ["", f"Measured on {measured_on(results)}."])
+
+
+def measured_sessions(results: dict) -> list:
+    return sessions_table(results) + ["", f"Measured on {measured_on(results)}."]
 
 
 def tiers_line(results: dict) -> list:

@@ -18,8 +18,7 @@ from pathlib import Path
 from benchmarks import steps as registry
 from benchmarks.markdown import table
 from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
-from benchmarks.suite_tables import account_tables, sessions_table, tiers_line
-from benchmarks.suite_tables import measured_on as suite_measured_on
+from benchmarks.suite_tables import account_tables, measured_sessions, tiers_line
 from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
 from common.data import TRAIN_SIZES
 
@@ -908,12 +907,10 @@ TABLES = {
     "ray-start-running": (RAY_START, lambda results: ray_start_processes(results, RAY_WARM)),
     "ray-start-levers": (RAY_START_LEVERS, ray_start_levers),
     "suite-before": (SUITE_BEFORE, account_tables),
-    "suite-before-sessions": (SUITE_BEFORE, lambda results: sessions_table(results) + [
-        "", f"Measured on {suite_measured_on(results)}."]),
+    "suite-before-sessions": (SUITE_BEFORE, measured_sessions),
     "suite-durations": (SUITE_DURATIONS, account_tables),
     "suite-tiers-account": (SUITE_TIERS, account_tables),
-    "suite-tiers-sessions": (SUITE_TIERS, lambda results: sessions_table(results) + [
-        "", f"Measured on {suite_measured_on(results)}."]),
+    "suite-tiers-sessions": (SUITE_TIERS, measured_sessions),
     "suite-tiers": (SUITE_TIERS, tiers_line),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),

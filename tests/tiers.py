@@ -73,12 +73,11 @@ def collected() -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def costs(tests: dict, durations: dict) -> tuple[dict, dict, list]:
-    """Each shared run's seconds, each test's own, and the ids with no recorded duration."""
+def costs(tests: dict, durations: dict) -> tuple[dict, dict]:
+    """Each shared run's seconds, and each recorded test's own."""
     shared = {name: run["seconds"] for name, run in durations["shared"].items()}
     shared |= {f"early:{name}": run["seconds"] for name, run in durations["early"].items()}
-    own = {test: durations["tests"][test]["seconds"] for test in tests if test in durations["tests"]}
-    return shared, own, [test for test in tests if test not in durations["tests"]]
+    return shared, {test: durations["tests"][test]["seconds"] for test in tests if test in durations["tests"]}
 
 
 def needs(test: str, info: dict, durations: dict) -> set:
@@ -88,7 +87,7 @@ def needs(test: str, info: dict, durations: dict) -> set:
 
 def readme_tier(tests: dict, durations: dict) -> tuple[set, float, float]:
     """The README's tier by the rule above: (its ids, T, its predicted seconds)."""
-    shared, own, _ = costs(tests, durations)
+    shared, own = costs(tests, durations)
     needed = {test: needs(test, info, durations) for test, info in tests.items()}
     users = collections.Counter(name for names in needed.values() for name in names)
     amortized = {test: own.get(test, 0.0) + sum(shared.get(name, 0.0) / users[name] for name in needed[test])
@@ -117,11 +116,10 @@ def main(write: bool) -> int:
     tests = collected()
     fast, threshold, total = readme_tier(tests, durations)
     slow_now, slow_then = slow_ids(), set(tests) - fast
-    _, _, unrecorded = costs(tests, durations)
     print(f"the README's tier: {len(fast)} tests, {total:.0f} s of at most {BUDGET} (each test at most "
           f"{threshold:.1f} s, or required); the slow tier: {len(slow_then)} tests (durations: "
           f"{durations['machine']}, commit {durations['commit']})")
-    for test in unrecorded:
+    for test in (test for test in tests if test not in durations["tests"]):
         print(f"no recorded duration, so in the README's tier: {test}")
     for test in sorted(slow_now & set(tests) - slow_then):
         print(f"belongs in the README's tier: {test}")

@@ -179,8 +179,6 @@ def main():
         machine=args.machine, commit=args.commit, command=args.command, date=time.strftime(
             "%Y-%m-%d", time.gmtime(records[0]["time"])), sessions=sessions,
         early={name: run for session in sessions for name, run in session["early"].items()},
-        outside={name: round(sum(s["outside"].get(name, 0) for s in sessions) / len(sessions), 1)
-                 for name in ("(collection)", "(between tests)")},
         shared={name: dict(seconds=round(sum(s["seconds"] for s in runs) / len(runs), 2), scope=runs[0]["scope"],
                            core_seconds=round(sum(s["core_seconds"] for s in runs) / len(runs), 2),
                            set_up=len(runs)) for name, runs in sorted(shared.items())},
