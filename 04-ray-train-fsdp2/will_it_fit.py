@@ -431,8 +431,8 @@ def verdict(estimates: list, args) -> str:
         headroom, kept = 0, "keeping nothing beside (--device cpu: no CUDA)"
     else:
         kept = (f"keeping {mib(CUDA_KEEPS_BYTES)} MiB for CUDA, NCCL and cuBLAS and "
-                f"{ALLOCATOR_RESERVE:.0%} of each peak for torch's allocator (measured on an H200; "
-                "--headroom to change)")
+                f"{ALLOCATOR_RESERVE:.0%} of each peak for torch's allocator "
+                "(measured on an H200, torch 2.11; --headroom to change)")
     fits = [e for e in estimates if needs(e, headroom) <= memory]
     names = ", ".join(e.strategy.upper() for e in fits) or "none"
     if not fits:

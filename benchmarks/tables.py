@@ -32,6 +32,8 @@ LAB_TIMES = PUBLISHED / "lab-times" / "results.json"
 ACTIVATIONS = PUBLISHED / "activations" / "results.json"
 RAY_START = PUBLISHED / "ray-start" / "results.json"
 RAY_START_LEVERS = PUBLISHED / "ray-start-levers" / "results.json"
+# Ray DDP against torchrun DDP, repeated (benchmarks/README.md, "CPU share"): each folder one steps table of the pair.
+RAY_VS_TORCHRUN = PUBLISHED / "archive" / "ray-vs-torchrun-epochs"
 TENSOR_PARALLEL = PUBLISHED / "tensor-parallel" / "results.json"
 # The test suite's account (tests/history/account/account.py): the whole suite before the tiers, the durations the
 # tiers are decided from (tests/tiers.py), and both tiers as .ci/run runs them.
@@ -671,9 +673,10 @@ def steps_findings_slide(results: dict) -> list:
         accuracies = sorted({f"{steps[n].summary['test_accuracy']:.2%}" for n in same})
         lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
     if "ddp" in ips and "ray_ddp" in ips:
-        # One run a row, and images/s varies by several percent between runs (benchmarks/README.md's repeats)
-        lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s in this run "
-                     "(a few percent either way in others)")
+        # One run a row, and images/s varies by several percent between runs: the range of the repeats beside it
+        low, high, repeats = ray_vs_torchrun_repeats()
+        lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s in this run, "
+                     f"{low:.3f} to {high:.3f} in {repeats} repeats {repeats_machine(results)}")
     if "single_machine" in ips and "ddp" in ips:
         # Like for like: both use the 2 cores (one process with 2 threads, two with one each). Ray's 1-worker run is
         # no baseline: Ray gives a worker one CPU and one thread, so its gain to 2 workers is mostly threads.
@@ -681,10 +684,35 @@ def steps_findings_slide(results: dict) -> list:
                      f"images/s (one process, then torchrun DDP)")
     if starts := [(label, steps[n].launch_to_first_step_s) for n, label in
                   [("ddp", "torchrun"), ("ray_ddp", "Ray"), ("ray_ddp_local", "local mode")] if n in steps]:
-        lines.append("- Launch to first step: " + ", ".join(f"{label} {s:.1f} s" for label, s in starts))
+        lines.append(f"- Launch to first step, `{next(iter(steps.values())).summary['model']}`, one run each: "
+                     + ", ".join(f"{label} {s:.1f} s" for label, s in starts))
     if not lines:
         return ["Not measured yet."]
     return lines + ["", f"{slide_measured_on(results)}: the runs of the steps table"]
+
+
+def ray_vs_torchrun_runs() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(RAY_VS_TORCHRUN.glob("*/results.json"))]
+
+
+def ray_vs_torchrun_repeats() -> tuple[float, float, int]:
+    """The lowest and highest Ray DDP / torchrun DDP images/s of the archived repeats, and how many there are."""
+    ratios = [steady_images_per_s(steps["ray_ddp"].summary) / steady_images_per_s(steps["ddp"].summary)
+              for steps in (ok_runs(results, "steps") for results in ray_vs_torchrun_runs())]
+    return min(ratios), max(ratios), len(ratios)
+
+
+def processor_of(machine: str) -> str:
+    """A results.json's machine, its processor alone: "AMD EPYC (family 26 model 2)"."""
+    return re.sub(r", \d+ cores.*", "", machine)
+
+
+def repeats_machine(results: dict) -> str:
+    """Where and when the archived repeats ran, beside the table they repeat (results): its processor, or theirs."""
+    repeats = ray_vs_torchrun_runs()
+    machines = sorted({processor_of(repeat["machine"]) for repeat in repeats})
+    where = "the same processor" if machines == [processor_of(results["machine"])] else " / ".join(machines)
+    return f"on {where}, {repeats[0]['date']}"
 
 
 def memory_slide(results: dict) -> list:

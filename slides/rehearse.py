@@ -303,7 +303,7 @@ def handout_markdown(results: dict) -> str:
     """Every command of the core in the deck's order, who runs it, the lines a healthy run prints, and its time."""
     lines = ["# Handout: the workshop's commands, in order", "",
              "Before the day, from the repository root (Python 3.10 or later). Without an NVIDIA GPU, as on most "
-             "laptops, PyTorch's CPU wheels first (README's second block; about 1.6 GB in all, not 3.4 GB):", "",
+             "laptops, PyTorch's CPU wheels first (README's second block; about 1.6 GB on disk, not 6.4 GB):", "",
              "```bash", cpu_install(), "```", "",
              "With an NVIDIA GPU, README's first command instead, and on the day `export CUDA_VISIBLE_DEVICES=` "
              "in the shell you run the commands from: the room runs on CPUs (on one GPU, two processes or workers "

@@ -40,3 +40,11 @@ def test_readme_names_every_designed_pair():
     readme = (ROOT / "README.md").read_text()
     for old, new, _, _ in DESIGNED_PAIRS:
         assert f"diff -u {old} {new}" in readme
+
+
+def test_the_slides_readme_has_a_coloured_command_for_every_designed_pair():
+    """slide 37's notes send the instructor to slides/README.md for each pair's diff on a projector."""
+    commands = " ".join((ROOT / "slides" / "README.md").read_text().replace("\\\n", " ").split())
+    for old, new, _, _ in DESIGNED_PAIRS:
+        assert f"git diff --no-index --color=always --stat=100 -p -U5 {old} {new} | less -R" in commands, \
+            f"slides/README.md: no coloured diff of {old} against {new}"

@@ -1,8 +1,9 @@
 """What the documents tell an attendee to paste, and what they say it prints, is true of the scripts.
 
-- Every command in a fenced bash block of the READMEs, TROUBLESHOOTING.md and the slides names a script that
-  exists, with flags that the script's own parser accepts (parsed by it, its checks skipped: placeholders such as
-  DIR stand for the attendee's folders). A shell launcher's flags are its case labels.
+- Every command in a fenced bash block of the READMEs, TROUBLESHOOTING.md, the slides and the handout names a
+  script (or a module of this repository, `python -m labs.check 01`) that exists, with flags that its own parser
+  accepts (parsed by it, its checks skipped: placeholders such as DIR stand for the attendee's folders). A shell
+  launcher's flags are its case labels.
 - Every command is safe to paste on an attendee's machine: no path into this repository's offline copy of
   CIFAR-10, no flag value meaningful only for it, no output into benchmarks/published/ (benchmarks/README.md's
   maintainer section excepted).
@@ -34,7 +35,8 @@ from common.meter import HEADLINE
 from conftest import ROOT, parse_only
 
 DOCUMENTS = sorted({p for pattern in ("README.md", "0*/README.md", "TROUBLESHOOTING.md", "tests/README.md",
-                                      "benchmarks/README.md", "slides/README.md", "slides/workshop.md")
+                                      "benchmarks/README.md", "labs/README.md", "slides/README.md",
+                                      "slides/workshop.md", "slides/handout.md")
                     for p in ROOT.glob(pattern)})
 MAINTAINERS = "## Maintainers"  # benchmarks/README.md's section that may write into benchmarks/published/
 UNSAFE = ["../shared", "shared/data", "--eval-images 1017", "--out benchmarks/published"]
@@ -63,9 +65,13 @@ def script_commands():
                 if words[0] in ("diff", "git", "cat", "ls", "cd"):  # they name files, not a script to run
                     continue
                 for i, word in enumerate(words):
+                    module = words[i + 1] if word == "-m" and i + 1 < len(words) else ""
+                    if module and (ROOT / f"{module.replace('.', '/')}.py").is_file():  # python -m labs.check 01
+                        word = f"{module.replace('.', '/')}.py"
                     if word.endswith((".py", ".sh")) and "/" in word:
-                        yield pytest.param(document, word, words[i + 1:],
+                        yield pytest.param(document, word, words[i + 1 + bool(module):],
                                            id=f"{document.relative_to(ROOT)}: {' '.join(words)[:70]}")
+                        break
 
 
 @pytest.mark.parametrize("document, script, flags", list(script_commands()))

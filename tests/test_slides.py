@@ -621,6 +621,14 @@ def test_every_link_to_a_slide_names_one_that_exists():
                                                f"{len(SLIDES)}"
 
 
+def test_the_slides_readmes_example_link_is_one_the_deck_makes():
+    """slides/README.md shows how a slide links to another with a link the deck has: renumbered, the deck's changes."""
+    example = re.search(r"`\[([^\]]+)\]\(#(\d+)\)`", (ROOT / "slides/README.md").read_text())
+    text, number = example.group(1), int(example.group(2))
+    assert any(f"[{text}](#{number})" in line for slide in SLIDES for line in slide.prose + [slide.footer]), \
+        f"slides/README.md's example [{text}](#{number}): no slide links so; the deck's link to {text!r} moved"
+
+
 def check_appendix_links(slide):
     linked_from = [core.number for core in CORE if slide.number in core.links]
     assert linked_from, f"slide {slide_id(slide)}: no core slide links to it ([text](#{slide.number}))"
