@@ -38,7 +38,7 @@ STARTING_FAILURES = {
            "in epoch 1, rank 0 and rank 1 both trained 64 of the same images",
            "step 1: the ranks' gradients differ from 1 process's on the whole batch by",
            "epoch 1: rank 0 reported train loss",
-           re.compile(r"rank 0 reported (\S+) \(its own 128 test images give \1\); all 255 images give")],
+           re.compile(r"rank 0 reported (\S+) \(its own 32 test images give \1\); all 63 images give")],
     "02": ["no Ray worker trained anything", "no worker trained (above)",
            "in 2 epochs, rank 0 reported 0 time(s), rank 1 0",
            "not run: the first run fails a check above"],
@@ -275,9 +275,9 @@ WRONG_ANSWERS = {
             "        correct, counted = tally.tolist()\n",
             "        accuracy = tally[0] / tally[1]\n        dist.all_reduce(accuracy)\n"
             "        correct, counted = accuracy.item() / world_size, 1\n")],
-                    5, "all 255 images give", "the shards differ in size"),
+                    5, "all 63 images give", "the shards differ in size"),
         WrongAnswer("rank 0's accuracy", [("        dist.all_reduce(tally)", "        pass")],
-                    5, "its own 128 test images give", "add up every rank's [correct, counted]"),
+                    5, "its own 32 test images give", "add up every rank's [correct, counted]"),
         WrongAnswer("the group never left", [
             ("    try:\n        return train(args, rank, world_size, torch.device(\"cpu\"))\n    finally:\n"
              "        dist.destroy_process_group()\n",

@@ -106,7 +106,7 @@ def same_training(alone: dict, pair: list[dict]) -> Outcome:
         if abs(ours["test_accuracy"] - theirs["test_accuracy"]) > 1e-9:
             return Outcome(SAME_TRAINING, f"epoch {ours['epoch']}: rank 0 logged test accuracy "
                                           f"{theirs['test_accuracy']:.2%}, 1 process {ours['test_accuracy']:.2%} on "
-                                          "all 255 images",
+                                          f"all {lab_args().eval_images} images",
                            "the accuracy is every image's, each counted once: padding that evens the ranks' "
                            "shapes must not be counted")
     if len(pair[0]["history"]) != len(alone["history"]):
