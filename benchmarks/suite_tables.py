@@ -63,9 +63,14 @@ def measured_sessions(results: dict) -> list:
     return sessions_table(results) + ["", f"Measured on {measured_on(results)}."]
 
 
-def tiers_line(results: dict) -> list:
-    """The README's sentence: what each tier takes, measured by .ci/run on a fresh clone."""
+def tiers_line(results: dict, earlier: dict) -> list:
+    """The README's sentence: what each tier takes, measured by .ci/run on a fresh clone, and what it took in the
+    earlier account (another machine: the processor sets much of it)."""
     readme, slow = results["sessions"]
+    readme_then, slow_then = earlier["sessions"]
     return [f"The README's tier, below: {readme['tests']} tests in {minutes(readme['pytest_seconds'])} of pytest; "
             f"the slow tier (`python -m pytest -m slow`): {slow['tests']} tests in {minutes(slow['pytest_seconds'])}; "
-            f"on {results['machine']}, {results['date']}, commit {results['commit']} (`{results['command']}`)."]
+            f"on {results['machine']}, {results['date']}, commit {results['commit']} (`{results['command']}`). "
+            f"Earlier, {readme_then['tests']} and {slow_then['tests']} tests in "
+            f"{minutes(readme_then['pytest_seconds'])} and {minutes(slow_then['pytest_seconds'])} on "
+            f"{earlier['machine'].split(', 2 cores')[0]}, commit {earlier['commit']}."]

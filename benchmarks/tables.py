@@ -40,6 +40,7 @@ TENSOR_PARALLEL = PUBLISHED / "tensor-parallel" / "results.json"
 SUITE_BEFORE = ROOT / "tests" / "history" / "account" / "before.json"
 SUITE_DURATIONS = ROOT / "tests" / "durations.json"
 SUITE_TIERS = ROOT / "tests" / "history" / "account" / "tiers.json"
+SUITE_TIERS_FIRST = ROOT / "tests" / "history" / "account" / "tiers-1f45e07.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md", "tests/README.md",
              "tests/history/*/README.md"]
@@ -939,7 +940,8 @@ TABLES = {
     "suite-durations": (SUITE_DURATIONS, account_tables),
     "suite-tiers-account": (SUITE_TIERS, account_tables),
     "suite-tiers-sessions": (SUITE_TIERS, measured_sessions),
-    "suite-tiers": (SUITE_TIERS, tiers_line),
+    "suite-tiers": (SUITE_TIERS, lambda results: tiers_line(results, json.loads(SUITE_TIERS_FIRST.read_text()))),
+    "suite-tiers-first-account": (SUITE_TIERS_FIRST, account_tables),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
         ("04", ("04", "04-accumulate")), ("05", ("05",)), ("06", ("06",)), ("07", ("07",))]},
