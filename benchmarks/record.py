@@ -2,6 +2,7 @@
 the machine, the commit and the command that made a result, a quiet machine before each timed run."""
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -58,6 +59,11 @@ def describe_machine() -> str:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, " + (f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU")
             + f"; torch {torch.__version__}")
+
+
+def processor_of(machine: str) -> str:
+    """describe_machine()'s processor alone: "AMD EPYC (family 26 model 2)"."""
+    return re.sub(r", \d+ cores.*", "", machine)
 
 
 def describe_commit(paths: tuple = ("common", *STEP_SCRIPTS), what: str = "the steps") -> str:

@@ -4,6 +4,7 @@ run, in busy core-seconds."""
 import collections
 
 from benchmarks.markdown import table
+from benchmarks.record import processor_of
 
 
 def minutes(seconds: float) -> str:
@@ -73,4 +74,4 @@ def tiers_line(results: dict, earlier: dict) -> list:
             f"on {results['machine']}, {results['date']}, commit {results['commit']} (`{results['command']}`). "
             f"Earlier, {readme_then['tests']} and {slow_then['tests']} tests in "
             f"{minutes(readme_then['pytest_seconds'])} and {minutes(slow_then['pytest_seconds'])} on "
-            f"{earlier['machine'].split(', 2 cores')[0]}, commit {earlier['commit']}."]
+            f"{processor_of(earlier['machine'])}, commit {earlier['commit']}."]

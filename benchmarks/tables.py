@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks import steps as registry
 from benchmarks.markdown import table
-from benchmarks.record import ROOT, Run, evaluation_seconds, steady_images_per_s
+from benchmarks.record import ROOT, Run, evaluation_seconds, processor_of, steady_images_per_s
 from benchmarks.suite_tables import account_tables, measured_sessions, tiers_line
 from benchmarks.trace_analysis import load_trace, profile_table, profiled_steps, step_parts
 from common.data import TRAIN_SIZES
@@ -675,9 +675,10 @@ def steps_findings_slide(results: dict) -> list:
         lines.append(f"- Same training, same result: the 2-process fp32 runs end at {' / '.join(accuracies)}")
     if "ddp" in ips and "ray_ddp" in ips:
         # One run a row, and images/s varies by several percent between runs: the range of the repeats beside it
-        low, high, repeats = ray_vs_torchrun_repeats()
+        repeats = ray_vs_torchrun_runs()
+        low, high = ray_vs_torchrun_range(repeats)
         lines.append(f"- Ray DDP trains at {ips['ray_ddp'] / ips['ddp']:.2f} of torchrun DDP's images/s in this run, "
-                     f"{low:.3f} to {high:.3f} in {repeats} repeats {repeats_machine(results)}")
+                     f"{low:.3f} to {high:.3f} in {len(repeats)} repeats {repeats_machine(repeats, results)}")
     if "single_machine" in ips and "ddp" in ips:
         # Like for like: both use the 2 cores (one process with 2 threads, two with one each). Ray's 1-worker run is
         # no baseline: Ray gives a worker one CPU and one thread, so its gain to 2 workers is mostly threads.
@@ -696,21 +697,15 @@ def ray_vs_torchrun_runs() -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(RAY_VS_TORCHRUN.glob("*/results.json"))]
 
 
-def ray_vs_torchrun_repeats() -> tuple[float, float, int]:
-    """The lowest and highest Ray DDP / torchrun DDP images/s of the archived repeats, and how many there are."""
+def ray_vs_torchrun_range(repeats: list[dict]) -> tuple[float, float]:
+    """The lowest and highest Ray DDP / torchrun DDP images/s of the archived repeats."""
     ratios = [steady_images_per_s(steps["ray_ddp"].summary) / steady_images_per_s(steps["ddp"].summary)
-              for steps in (ok_runs(results, "steps") for results in ray_vs_torchrun_runs())]
-    return min(ratios), max(ratios), len(ratios)
+              for steps in (ok_runs(results, "steps") for results in repeats)]
+    return min(ratios), max(ratios)
 
 
-def processor_of(machine: str) -> str:
-    """A results.json's machine, its processor alone: "AMD EPYC (family 26 model 2)"."""
-    return re.sub(r", \d+ cores.*", "", machine)
-
-
-def repeats_machine(results: dict) -> str:
+def repeats_machine(repeats: list[dict], results: dict) -> str:
     """Where and when the archived repeats ran, beside the table they repeat (results): its processor, or theirs."""
-    repeats = ray_vs_torchrun_runs()
     machines = sorted({processor_of(repeat["machine"]) for repeat in repeats})
     where = "the same processor" if machines == [processor_of(results["machine"])] else " / ".join(machines)
     return f"on {where}, {repeats[0]['date']}"
