@@ -3,7 +3,8 @@ import re
 from dataclasses import dataclass
 
 # What a rank that waited for a collective in vain says: gloo's timed out, or the other rank left first; Ray Train
-# names the ranks that never joined a report.
+# names the ranks that never joined a report. In this order, a timeout told before the peer's leaving it caused
+# (labs.ranks.cause_first).
 HANG_SIGNS = ("timed out", "closed by peer", "reset by peer", "have not joined")
 HANG_HINT = ("a rank waits in a collective (an all-reduce, DDP's or FSDP's in backward, a barrier, ray.train.report) "
              "until every rank of the group calls it: every rank must call the same collectives, in the same order, "

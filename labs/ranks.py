@@ -86,7 +86,7 @@ def results(processes: list[multiprocessing.Process], folder: Path, timeout: flo
     written = [path.read_text().strip() for path in sorted(folder.glob("rank*.error"))]
     errors = [text.splitlines()[-1] for text in written if text]
     if errors:
-        raise RunFailed(min(errors, key=lambda error: any(sign in error.lower() for sign in HANG_SIGNS)))
+        raise RunFailed(min(errors, key=cause_first))
     if failed := [(rank, code) for rank, code in enumerate(ended) if code]:
         rank, code = failed[0]
         how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
@@ -94,6 +94,13 @@ def results(processes: list[multiprocessing.Process], folder: Path, timeout: flo
     if None in ended:
         raise RunFailed(f"the ranks timed out: they did not end within {timeout:.0f} s")
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(len(processes))]
+
+
+def cause_first(error: str) -> int:
+    """A rank's own error, then a collective's timeout, then a peer that left (HANG_SIGNS' order): what ended a run
+    before what it caused. A rank that timed out exits, and the peer it left says "closed by peer" if it writes
+    before it is killed."""
+    return next((order for order, sign in enumerate(HANG_SIGNS, 1) if sign in error.lower()), 0)
 
 
 def run_ranks(entry: str, lab_file, world_size: int, meanwhile=lambda: None) -> tuple:

@@ -1011,6 +1011,19 @@ def test_a_rank_that_raised_ends_its_waiting_peer_at_once(tmp_path, monkeypatch)
     assert time.monotonic() - start < 10
 
 
+def test_a_run_that_hung_is_told_by_the_rank_that_timed_out_not_by_the_peer_it_left(tmp_path):
+    """The rank whose collective timed out exits; its peer then reads "Connection closed by peer" and, if it writes
+    that before it is killed, both errors are there (hang-uneven failed CI so): the timeout is the run's cause."""
+    from labs import ranks as lab_ranks
+
+    ranks = ranks_running(tmp_path, "raise RuntimeError('Connection closed by peer [127.0.0.1]:1')",
+                          "raise RuntimeError('Timed out waiting 10000ms for recv operation to complete')")
+    for rank in ranks:
+        rank.join(timeout=60)
+    with pytest.raises(lab_ranks.RunFailed, match="RuntimeError: Timed out waiting"):
+        lab_ranks.results(ranks, tmp_path, timeout=60)
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_labs_ranks_start_with_torchruns_environment_forked_or_not(tmp_path, monkeypatch, method):
     """Ranks are forked on Linux (START_RANK) and started as new interpreters elsewhere: either way each gets its
