@@ -288,6 +288,7 @@ def results_markdown(results: dict) -> str:
 
 
 HANDOUT = ROOT / "slides" / "handout.md"
+INSTALL = ROOT / "benchmarks" / "published" / "install" / "results.json"  # benchmarks/install_size.py
 # The lines of a run's output that say it is healthy; the rest of what it prints is cut (`...`).
 HEALTHY = re.compile(r"^(epoch \d+/\d+ \||resumed from |accuracy |[\d,]+ images in |trial \S+ \(.*epoch|"
                      r"trial \S+: stopped|Best: |memory per rank|rank \d+ +\||.*A worker died)")
@@ -301,9 +302,12 @@ def cpu_install() -> str:
 
 def handout_markdown(results: dict) -> str:
     """Every command of the core in the deck's order, who runs it, the lines a healthy run prints, and its time."""
+    python = re.search(r'requires-python = ">=(\S+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    disk = json.loads(INSTALL.read_text())["gb"]
     lines = ["# Handout: the workshop's commands, in order", "",
-             "Before the day, from the repository root (Python 3.10 or later). Without an NVIDIA GPU, as on most "
-             "laptops, PyTorch's CPU wheels first (README's second block; about 1.6 GB on disk, not 6.4 GB):", "",
+             f"Before the day, from the repository root (Python {python} or later). Without an NVIDIA GPU, as on "
+             f"most laptops, PyTorch's CPU wheels first (README's second block; about {disk['cpu']} GB on disk, not "
+             f"{disk['readme']} GB):", "",
              "```bash", cpu_install(), "```", "",
              "With an NVIDIA GPU, README's first command instead, and on the day `export CUDA_VISIBLE_DEVICES=` "
              "in the shell you run the commands from: the room runs on CPUs (on one GPU, two processes or workers "

@@ -193,7 +193,7 @@ def test_the_handout_is_the_published_rehearsal():
 
 def test_the_invitation_slide_and_the_handout_install_the_cpu_wheels():
     """Slide 2 goes out with the invitation and the handout is what the room follows: both carry README's install
-    without an NVIDIA GPU (PyTorch's CPU wheels first), or every such laptop downloads PyPI's CUDA build, 3.4 GB,
+    without an NVIDIA GPU (PyTorch's CPU wheels first), or every such laptop downloads PyPI's CUDA build, 3.3 GB,
     on the venue's network."""
     install = rehearse.cpu_install()
     [cpu_wheels] = [line for line in install.splitlines() if "download.pytorch.org/whl/cpu" in line]
