@@ -58,7 +58,7 @@ STARTING_FAILURES = {
            "the output rows have columns ['predicted', 'probability']: no id and label say which image"],
     "07": ["self_attention.q's weight is whole on every rank",
            "nothing to compare: no layer of a block is split, each rank computes the whole model",
-           "per step: none; 6 blocks' 2 column-to-row pairs make 36 all-reduces"],
+           "per step: none; 6 blocks' 2 column-to-row pairs make 12 all-reduces in forward and 12 to 24 in backward"],
     "hang-rank0": ["DIAGNOSIS is not filled in",
                    "the run hung: RuntimeError: Timed out waiting 10000ms for recv operation to complete",
                    "the run did not finish (above)"],
@@ -507,7 +507,17 @@ WRONG_ANSWERS = {
             "    for module in model.modules():\n        if isinstance(module, TRANSFORMER_BLOCK):\n"
             "            parallelize_module(module, mesh, TP_PLAN)\n",
             "    parallelize_module(model.encoder.layers[0], mesh, TP_PLAN)\n")],
-                    1, "the first block is split as it should be, but not every block", "each block needs it"),
+                    1, "block 1 of 6 is whole on every rank, block 0 is split", "each block needs it"),
+        WrongAnswer("the later blocks alone", [(  # the check reads every block, not the first alone
+            "    for module in model.modules():\n        if isinstance(module, TRANSFORMER_BLOCK):\n"
+            "            parallelize_module(module, mesh, TP_PLAN)\n",
+            "    for block in list(model.encoder.layers)[1:]:\n        parallelize_module(block, mesh, TP_PLAN)\n")],
+                    1, "block 0 of 6 is whole on every rank, block 1 is split", "each block needs it"),
+        WrongAnswer("q, k and v handing on DTensors", [  # PyTorch's TP tutorial's plan, for an attention of its own
+            ('"self_attention.q": ColwiseParallel()', '"self_attention.q": ColwiseParallel(use_local_output=False)'),
+            ('"self_attention.k": ColwiseParallel()', '"self_attention.k": ColwiseParallel(use_local_output=False)'),
+            ('"self_attention.v": ColwiseParallel()', '"self_attention.v": ColwiseParallel(use_local_output=False)')],
+                    2, "the run did not finish", "infers its heads from the width it is handed"),
         WrongAnswer("the partial sums never added", [
             ("from torch.distributed.device_mesh import init_device_mesh\n",
              "from torch.distributed.device_mesh import init_device_mesh\n"
@@ -592,6 +602,21 @@ class RightAnswer:
 
 
 RIGHT_ANSWERS = {
+    "07": [
+        # torchtitan's way: the attention's input laid out once, so q, k and v share one backward all-reduce
+        RightAnswer("the attention's input prepared once", [
+            ("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n",
+             "from torch.distributed.tensor import Replicate\nfrom torch.distributed.tensor.parallel import ("
+             "ColwiseParallel, PrepareModuleInput, RowwiseParallel,\n    parallelize_module)\n"),
+            ("TP_PLAN = {\n", 'TP_PLAN = {\n    "self_attention": PrepareModuleInput(\n'
+                              "        input_layouts=(Replicate(), None, None),\n"
+                              "        desired_input_layouts=(Replicate(), None, None), use_local_output=False),\n")]),
+        RightAnswer("wildcard names over the whole model", [(  # parallelize_module matches each name's parts
+            "    for module in model.modules():\n        if isinstance(module, TRANSFORMER_BLOCK):\n"
+            "            parallelize_module(module, mesh, TP_PLAN)\n",
+            '    parallelize_module(model, mesh, {f"encoder.layers.*.{name}": style\n'
+            "                                     for name, style in TP_PLAN.items()})\n")]),
+    ],
     "01": [
         RightAnswer("gradients averaged by hand, no DDP", [
             ("    model = DistributedDataParallel(model)\n", ""),

@@ -20,8 +20,8 @@ from labs.ranks import RunFailed, run_ranks
 SPLIT = ("each rank holds half of every block's attention and MLP matrices: q, k, v and mlp.0 split by their outputs "
          "(column-wise), out_proj and mlp.3 by their inputs (row-wise)")
 SAME_TRAINING = "2 ranks train what 1 unsplit process trains (every step's gradients and loss)"
-ALL_REDUCES = ("per step and block, an all-reduce in forward for each row-wise layer (2) and one in backward for each "
-               "column-wise layer's input gradient (4): no other collective")
+ALL_REDUCES = ("per step and block, an all-reduce in forward for each row-wise layer's output (2), and in backward one "
+               "for each pair's input gradient (2; 4 if each column-wise layer reduces its own): no other collective")
 CHECKS = [SPLIT, SAME_TRAINING, ALL_REDUCES]
 # The split each Linear of a block needs (the dimension of its weight that is split: 0, its outputs; 1, its inputs)
 SPLITS = {"self_attention.q": 0, "self_attention.k": 0, "self_attention.v": 0, "self_attention.out_proj": 1,
@@ -32,6 +32,10 @@ ROW_WISE = ("the second is row-wise: it takes the inputs that match the rank's o
 LAYOUTS = ("each layer gets what the one before it hands on: a column-wise layer hands on this rank's share of its "
            "outputs, which the row-wise layer after it takes as its inputs; a row-wise layer hands on the whole output "
            "(Replicate, its default), which the residual adds to the block's whole input")
+HEADS = ("this attention infers its heads from the width it is handed (view(batch, length, -1, head_dim)): q, k and v "
+         "must hand on this rank's share as a plain tensor (use_local_output=True, ColwiseParallel's default), not a "
+         "DTensor of the whole width")
+EACH_BLOCK = "parallelize_module applies the plan to the one module it is given: each block needs it"
 
 
 def run(lab_file) -> list:
@@ -42,22 +46,22 @@ def run(lab_file) -> list:
                                                                  "Linear's name inside the block"),
                 *(Outcome(check, "not run: parallelize fails (above)", "") for check in CHECKS[1:])]
     split = split_outcome(splits)
-    if not any(dim is not None for dim in splits["first"].values()):
+    if not any(dim is not None for block in splits for dim in block.values()):
         return [split, Outcome(SAME_TRAINING, "nothing to compare: no layer of a block is split, each rank computes "
                                               "the whole model", ""),
                 all_reduces(dict(losses=[], collectives={}))]
     try:
         alone, pair = run_ranks(f"{__name__}:watched_main", lab_file, 2, lambda: reference.recipe(1))
     except RunFailed as error:
-        hint = split.hint if not split.passed else LAYOUTS
+        hint = split.hint if not split.passed else HEADS if "view" in str(error) else LAYOUTS
         return [split, Outcome(SAME_TRAINING, f"the run did not finish: {error}", hint),
                 Outcome(ALL_REDUCES, "the run did not finish (above)", "")]
     return [split, same_training(alone, pair), all_reduces(pair[0])]
 
 
-def planned(lab_file) -> dict:
-    """How the lab's parallelize split each block's Linear layers over 2 ranks: {name: split dimension, or None for
-    whole}, for the first block (the others checked alike), and whether every block was split alike."""
+def planned(lab_file) -> list[dict]:
+    """How the lab's parallelize split each block's Linear layers over 2 ranks: per block, {name: split dimension, or
+    None for whole}."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -67,9 +71,8 @@ def planned(lab_file) -> dict:
         torch.manual_seed(0)
         model = split_attention(build_model(lab_args().model))
         lab.parallelize(model, init_device_mesh("cpu", (2,)))
-        blocks = [[split_of(block.get_submodule(name).weight) for name in SPLITS]
-                  for block in model.modules() if isinstance(block, TRANSFORMER_BLOCK)]
-        return dict(first=dict(zip(SPLITS, blocks[0], strict=True)), alike=all(b == blocks[0] for b in blocks))
+        return [{name: split_of(block.get_submodule(name).weight) for name in SPLITS}
+                for block in model.modules() if isinstance(block, TRANSFORMER_BLOCK)]
     finally:
         dist.destroy_process_group()
 
@@ -81,30 +84,32 @@ def split_of(weight) -> int | None:
     return placement.dim if isinstance(placement, Shard) else None
 
 
-def split_outcome(splits: dict) -> Outcome:
-    first = splits["first"]
-    for name, want in SPLITS.items():
-        got = first[name]
-        if got == want:
-            continue
-        if got is None:
-            failure = f"{name}'s weight is whole on every rank"
-            hint = ("parallelize_module splits the layers the plan names, in each block it is given; a layer left "
-                    "out stays whole on every rank and computes everything twice")
-        else:
+def split_outcome(blocks: list[dict]) -> Outcome:
+    """Every block's split, the first block that differs from what it needs told."""
+    whole = [index for index, splits in enumerate(blocks) if all(dim is None for dim in splits.values())]
+    if whole and len(whole) < len(blocks):
+        split = next(index for index in range(len(blocks)) if index not in whole)
+        return Outcome(SPLIT, f"block {whole[0]} of {len(blocks)} is whole on every rank, block {split} is split",
+                       EACH_BLOCK)
+    for index, splits in enumerate(blocks):
+        for name, want in SPLITS.items():
+            got, layer = splits[name], name if index == 0 else f"block {index}'s {name}"
+            if got == want:
+                continue
+            if got is None:
+                return Outcome(SPLIT, f"{layer}'s weight is whole on every rank",
+                               "parallelize_module splits the layers the plan names, in each block it is given; a "
+                               "layer left out stays whole on every rank and computes everything twice")
             how = {0: "its outputs (column-wise)", 1: "its inputs (row-wise)"}
-            failure = f"{name} is split by {how[got]}, not by {how[want]}"
-            hint = COLUMN_WISE if want == 0 else ROW_WISE
-        return Outcome(SPLIT, failure, hint)
-    if not splits["alike"]:
-        return Outcome(SPLIT, "the first block is split as it should be, but not every block",
-                       "parallelize_module applies the plan to the one block it is given: each block needs it")
+            return Outcome(SPLIT, f"{layer} is split by {how[got]}, not by {how[want]}",
+                           COLUMN_WISE if want == 0 else ROW_WISE)
     return Outcome(SPLIT, None, "")
 
 
 class CountAllReduces(TorchDispatchMode):
-    """The collectives DTensor issues (functional collectives), by kind, and the bytes handed to each kind, while on
-    (torch's CommDebugMode counts them too, but its module hooks fail on the conv stem's in-place ReLU)."""
+    """The collectives DTensor issues (functional collectives), by pass (forward, backward) and kind, and the bytes
+    handed to each kind, while on (torch's CommDebugMode counts them too, but its module hooks fail on the conv stem's
+    in-place ReLU)."""
 
     def __init__(self):
         super().__init__()
@@ -113,7 +118,7 @@ class CountAllReduces(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = func.__name__.split(".")[0]
         if self.on and func.namespace == "_c10d_functional" and kind not in ("wait_tensor", "_wrap_tensor_autograd"):
-            self.counts[kind] += 1
+            self.counts["backward" if torch._C._current_graph_task_id() >= 0 else "forward", kind] += 1
             self.bytes[kind] += args[0].nbytes
         return func(*args, **(kwargs or {}))
 
@@ -158,15 +163,19 @@ def same_training(alone: dict, pair: list[dict]) -> Outcome:
 
 
 def all_reduces(watched: dict) -> Outcome:
+    """What the plan must do per step: each pair's sum in forward, and its input's gradient summed in backward (once
+    per pair, or once per column-wise layer: torch's own plans do either)."""
     blocks = sum(isinstance(m, TRANSFORMER_BLOCK) for m in build_model(lab_args().model).modules())
-    expected = blocks * (2 + 4)
     steps = max(1, len(watched["losses"]))
-    per_step = {kind: calls / steps for kind, calls in watched["collectives"].items()}
-    if per_step == {"all_reduce": expected}:
+    per_step = {(phase, kind): calls / steps for (phase, kind), calls in watched["collectives"].items()}
+    forward, backward = (per_step.get((phase, "all_reduce"), 0) for phase in ("forward", "backward"))
+    others = {key: calls for key, calls in per_step.items() if key[1] != "all_reduce"}
+    if not others and forward == 2 * blocks and 2 * blocks <= backward <= 4 * blocks:
         return Outcome(ALL_REDUCES, None, "")
-    shown = ", ".join(f"{calls:g} {kind.replace('_', '-')}s" for kind, calls in sorted(per_step.items())) or "none"
-    return Outcome(ALL_REDUCES, f"per step: {shown}; {blocks} blocks' 2 column-to-row pairs make {expected} "
-                                "all-reduces",
+    shown = ", ".join(f"{calls:g} {kind.replace('_', '-')}s in {phase}" for (phase, kind), calls
+                      in sorted(per_step.items(), key=lambda item: (item[0][0] != "forward", item[0][1]))) or "none"
+    return Outcome(ALL_REDUCES, f"per step: {shown}; {blocks} blocks' 2 column-to-row pairs make {2 * blocks} "
+                                f"all-reduces in forward and {2 * blocks} to {4 * blocks} in backward",
                    "a row-wise layer all-reduces its output in forward, a column-wise layer its input's gradient in "
                    "backward; a layer that hands on a share the next one does not expect makes DTensor gather or "
                    "redistribute it")
