@@ -2,7 +2,7 @@
 import torch
 from torchvision.models.vision_transformer import VisionTransformer
 
-from common.model import build_model, count_params, pack_attention, split_attention
+from common.model import PRESETS, build_model, count_params, pack_attention, split_attention
 from checks import checkpoint_weights, final_json
 from conftest import SMOKE
 from processes import python
@@ -24,6 +24,16 @@ def test_hybrid_is_a_vision_transformer_with_a_deeper_stem_down_to_16_tokens():
     assert stem_strides(model) == [1, 2, 1, 2, 1, 2]  # a stride-1 convolution before each stride-2 one
     assert model.seq_length == 4 * 4 + 1 and model.hidden_dim == 192 and count_params(model) == 2_410_858
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+# Each preset's parameters, as step 01's README states them (its flags table reads them from here).
+PRESET_PARAMS = {"tiny": 832_682, "hybrid": 2_410_858, "small": 14_244_490, "base": 85_152_010, "large": 302_439_434,
+                 "huge": 629_840_650, "giant": 1_020_129_802}
+
+
+def test_every_presets_size_is_what_the_documents_say():
+    with torch.device("meta"):  # nothing allocated: giant's 1.02B parameters cost nothing
+        assert {preset: count_params(build_model(preset)) for preset in PRESETS} == PRESET_PARAMS
 
 
 def test_hybrid_trains_in_a_step_script_and_its_checkpoint_loads(tmp_path):
