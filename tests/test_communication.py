@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import timedelta
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -90,6 +91,19 @@ def per_step_megabytes(preset: str, world_size: int) -> dict:
     whole, blocks = fsdp2_bytes(model, world_size)
     return dict(ddp=2 * share * 4 * count_params(model) / 1e6, fsdp=share * (2 * whole + blocks) / 1e6,
                 gloo_fsdp=share * (3 * whole + blocks) / 1e6)
+
+
+# The textbook's shares that step 04's README quotes: per parameter on N ranks, DDP sends 2 (N-1)/N of its bytes (an
+# all-reduce: towards 2x), FSDP 3 (N-1)/N (two all-gathers and a reduce-scatter: towards 3x), 1.5 times DDP's.
+TEXTBOOK = dict(ddp=2, fsdp=3, ratio=1.5)
+
+
+def test_the_textbook_shares_follow_from_the_ring_algorithms():
+    for world_size in (2, 8, 4096):
+        share = (world_size - 1) / world_size
+        assert (3 * share) / (2 * share) == TEXTBOOK["ratio"]
+    assert 2 * 4095 / 4096 == pytest.approx(TEXTBOOK["ddp"], rel=1e-3)
+    assert 3 * 4095 / 4096 == pytest.approx(TEXTBOOK["fsdp"], rel=1e-3)
 
 
 def test_step_04s_readme_states_the_bytes_per_step_these_counts_give():

@@ -4,6 +4,7 @@ implementation allocates, the published GPU run's giant is predicted where the t
 that run measured, and `giant` on 8 ranks answers in seconds without allocating the model."""
 import argparse
 import json
+import re
 import sys
 
 import pytest
@@ -213,6 +214,18 @@ def estimate_of(fit, *flags):
     """The tool's estimate of rank 0, for the one strategy its flags name."""
     args = fit.parse_args(list(flags))
     return fit.estimate(fit.build_fake(args), args.strategy, args, fit.activation_bytes(args))
+
+
+def test_step_04s_readme_shows_what_its_commands_print(monkeypatch, capsys):
+    """The README's "what you'll see" of its two commands is their output to the byte (fake tensors: no machine's
+    rounding in it), so its prose may quote that output's numbers (tests/test_prose_numbers.py: OUTPUT_SOURCES)."""
+    readme = (ROOT / "04-ray-train-fsdp2/README.md").read_text()
+    commands, shown = re.search(r"```bash\n(python 04-ray-train-fsdp2/will_it_fit\.py .*?)```\n.*?"
+                                rf"<!-- output: {SCRIPT} -->\n```text\n(.*?)```", readme, re.S).groups()
+    for command in commands.splitlines():
+        monkeypatch.setattr(sys, "argv", command.split()[1:])
+        load_script(SCRIPT).main()
+    assert capsys.readouterr().out == shown, "the README's output of will_it_fit.py is stale: run its commands again"
 
 
 @pytest.mark.smoke  # the script, run once as an attendee runs it
