@@ -28,13 +28,15 @@ SOURCES = re.compile(r"<!--\s*numbers:\s*(.*?)\s*-->")
 # Regions whose numbers a test renders or checks again: tables.py's tables (tests/test_tables.py), and the bytes per
 # step that tests/test_communication.py and test_step07.py count.
 CHECKED_REGION = re.compile(r"<!-- (table: [\w-]+|communication) -->")
-# The documents tied so far; step 07's is next (#85, #86). The deck has its own rule (test_slides.py), and the
-# handout is rendered whole from published results (test_rehearsal.py).
+# The documents whose prose is tied: README.md, every step's and the labs'. The deck has its own rule
+# (test_slides.py), and the handout is rendered whole from published results and code (test_rehearsal.py).
 TIED = ("README.md", "01-vanilla-pytorch-ddp/README.md", "02-ray-train-ddp/README.md", "03-ray-train-fsdp/README.md",
-        "04-ray-train-fsdp2/README.md", "05-ray-tune/README.md", "06-ray-data-inference/README.md", "labs/README.md")
+        "04-ray-train-fsdp2/README.md", "05-ray-tune/README.md", "06-ray-data-inference/README.md",
+        "07-tensor-parallel/README.md", "labs/README.md")
 PUBLISHED = ("benchmarks/published/", "tests/history/")
 # A document's "what you'll see" of a script (`<!-- output: SCRIPT -->`) that a test holds to the script's output to
-# the byte: its prose may quote that output, named as a source `output:SCRIPT`.
+# the byte: its prose may quote that output, named as a source `output:SCRIPT`; and a checked region of the document
+# (above), named `region:NAME` (a table's name, or communication).
 OUTPUT_SOURCES = {"04-ray-train-fsdp2/will_it_fit.py": "tests/test_will_it_fit.py"}
 CODE_NUMBER = re.compile(r"(?<![\w.])\d[\d_,]*(?:\.\d+)?")  # 300 in ${START_TIMEOUT_S:-300}, 20_000
 
@@ -80,13 +82,19 @@ def is_source(path: str) -> bool:
     checked output."""
     if path.startswith("output:"):
         return path.removeprefix("output:") in OUTPUT_SOURCES
+    if path.startswith("region:"):
+        return True  # found in the document, or its numbers are none
     return file_of(path).is_file() and (is_result(path) or Path(path).suffix != ".md")
 
 
-def output_values(text: str, script: str) -> list[float]:
-    """The numbers of a document's checked output of a script."""
-    block = re.search(rf"<!-- output: {re.escape(script)} -->\n```text\n(.*?)```", text, re.S)
-    return [float(n.replace(",", "")) for n in CODE_NUMBER.findall(block.group(1))] if block else []
+def own_values(text: str, source: str) -> list[float]:
+    """The numbers of a document's checked output of a script (output:SCRIPT), or of a checked region
+    (region:NAME)."""
+    kind, _, name = source.partition(":")
+    pattern = (rf"<!-- output: {re.escape(name)} -->\n```text\n(.*?)```" if kind == "output" else
+               rf"<!-- (?:table: )?{re.escape(name)} -->\n(.*?)<!-- /(?:table|{re.escape(name)}) -->")
+    found = re.search(pattern, text, re.S)
+    return [float(n.replace(",", "")) for n in CODE_NUMBER.findall(found.group(1))] if found else []
 
 
 def leaves(value) -> list:
@@ -128,8 +136,8 @@ def rounds_to(number: str, values: list[float]) -> bool:
 
 def found_in(number: str, sources: list[str], text: str = "") -> bool:
     for path in sources:
-        if path.startswith("output:"):
-            if rounds_to(number, output_values(text, path.removeprefix("output:"))):
+        if path.startswith(("output:", "region:")):
+            if rounds_to(number, own_values(text, path)):
                 return True
             continue
         shown, values = values_in(path)

@@ -195,6 +195,16 @@ def test_2_x_2_ranks_compute_what_one_process_computes_on_the_whole_batch():
         assert grid[rank]["collectives"] == {"all_reduce": BLOCKS * (2 + 4)}  # TP's; FSDP2's go through c10d
 
 
+def test_hybrids_stem_does_more_of_a_forward_than_all_six_blocks():
+    """Why a TP rank of `hybrid` is slow (the README's "Measured"): it runs its group's whole batch through what TP
+    leaves whole, and the convolutional stem alone costs more of a forward than the blocks it splits."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as flops:
+        build_model("hybrid")(torch.zeros(1, 3, 32, 32))
+    per_module = {name: sum(counts.values()) for name, counts in flops.get_flop_counts().items()}
+    assert per_module["VisionTransformer.conv_proj"] > per_module["VisionTransformer.encoder.layers"], per_module
+
+
 def test_tp_all_reduces_as_the_readme_derives(tp_pair):
     """Per block, forward: 1 all-reduce per row-wise layer (out_proj, mlp.3); backward: 1 per column-wise layer's
     input gradient (q, k, v, mlp.0). Nothing else: no all-gather (the output is whole), no reduce-scatter."""

@@ -107,18 +107,20 @@ def split_outcome(blocks: list[dict]) -> Outcome:
 
 
 class CountAllReduces(TorchDispatchMode):
-    """The collectives DTensor issues (functional collectives), by pass (forward, backward) and kind, and the bytes
-    handed to each kind, while on (torch's CommDebugMode counts them too, but its module hooks fail on the conv stem's
-    in-place ReLU)."""
+    """The collectives DTensor issues (functional collectives), by kind (counts) and by pass and kind (passes:
+    forward, backward), and the bytes handed to each kind, while on (torch's CommDebugMode counts them too, but its
+    module hooks fail on the conv stem's in-place ReLU)."""
 
     def __init__(self):
         super().__init__()
-        self.counts, self.bytes, self.on = collections.Counter(), collections.Counter(), True
+        self.counts, self.passes, self.bytes = collections.Counter(), collections.Counter(), collections.Counter()
+        self.on = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = func.__name__.split(".")[0]
         if self.on and func.namespace == "_c10d_functional" and kind not in ("wait_tensor", "_wrap_tensor_autograd"):
-            self.counts["backward" if torch._C._current_graph_task_id() >= 0 else "forward", kind] += 1
+            self.counts[kind] += 1
+            self.passes["backward" if torch._C._current_graph_task_id() >= 0 else "forward", kind] += 1
             self.bytes[kind] += args[0].nbytes
         return func(*args, **(kwargs or {}))
 
@@ -141,7 +143,7 @@ def watched_main(lab_file) -> dict:
     with counter:
         losses = lab.main(lab_args())
     return dict(losses=losses, gradients=watched["gradients"], sharded=watched["sharded"],  # none: all whole
-                collectives=dict(counter.counts))
+                collectives=dict(counter.passes))
 
 
 def same_training(alone: dict, pair: list[dict]) -> Outcome:
