@@ -6,10 +6,12 @@ versions and dates count) outside code, links' targets and the generated tables 
 again from their results) must be found in a source named by the last `<!-- numbers: PATH [PATH ...] -->` comment
 above it, or on its line. A source is a published result (under benchmarks/published/ or tests/history/) or a file
 of code that sets the value: the repository's (requirements.txt, pyproject.toml, a script), or an installed
-package's for another tool's number (`ray:_private/ray_constants.py`); never a document in prose, which is what is
-checked here. A published .md, .txt or .log must show the number as the sentence does, unit included; a
-.json or a file of code must hold a value that rounds to it (to the sentence's decimals; a percentage from a
-fraction too). Change the result and the sentence that quotes its old value fails.
+package's for another tool's number (`ray:_private/ray_constants.py`), or the document's own table or output that
+a test checks (`region:NAME`, `output:SCRIPT`); never a document in prose, which is what is checked here. A
+published .md, .txt or .log must show the number as the sentence does, unit included (a signed difference as its
+size); a .json, a file of code or a checked output must hold a value that rounds to it (to the sentence's decimals;
+a percentage from a fraction, MiB as GiB, a count in M or B). Change the result and the sentence that quotes its old
+value fails.
 
 The deck has its own rule (test_slides.py), whose sources are these documents.
 """
