@@ -1,8 +1,7 @@
-"""What the README's install takes: its download, its disk, the CUDA libraries' share, and PyTorch's CPU wheel
-against PyPI's.
+"""What the README's install takes: its download, its disk, the CUDA libraries' share, and the CPU path's disk.
 
     python benchmarks/install_size.py --cpu-wheel /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl \
-        --out benchmarks/published/install    # about 10 min from a local mirror (2 cores)
+        --out benchmarks/published/install    # about 7 min from a local mirror (2-core AMD EPYC Zen 4)
 
 Fresh virtual environments with this Python, one after the other, nothing taken from pip's cache:
 1. the README's first command's install, `pip install -r requirements.txt`, timed (from the indexes pip is given);
@@ -11,7 +10,7 @@ Fresh virtual environments with this Python, one after the other, nothing taken 
 3. the README's CPU path: the same requirements with a +cpu wheel of torch (--cpu-wheel, as PyTorch's CPU index
    has it) and the torchvision that matches it; this machine reaches no CPU index, so the wheel's version, if not
    the pinned one, is recorded beside the size.
-Writes results.json; README.md quotes it (tests/test_docs.py checks that it does).
+Writes results.json; README.md quotes it (tests/test_prose_numbers.py holds its sentences to it).
 """
 import argparse
 import json

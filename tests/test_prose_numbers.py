@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from test_docs import OUTPUT
 from test_slides import as_published, measured_numbers
 
 SOURCES = re.compile(r"<!--\s*numbers:\s*(.*?)\s*-->")
@@ -90,13 +91,16 @@ def is_source(path: str) -> bool:
 
 
 def own_values(text: str, source: str) -> list[float]:
-    """The numbers of a document's checked output of a script (output:SCRIPT), or of a checked region
-    (region:NAME)."""
+    """The numbers of a document's checked output of a script (output:SCRIPT, read as test_docs.py reads it), or of
+    a checked region (region:NAME)."""
     kind, _, name = source.partition(":")
-    pattern = (rf"<!-- output: {re.escape(name)} -->\n```text\n(.*?)```" if kind == "output" else
-               rf"<!-- (?:table: )?{re.escape(name)} -->\n(.*?)<!-- /(?:table|{re.escape(name)}) -->")
-    found = re.search(pattern, text, re.S)
-    return [float(n.replace(",", "")) for n in CODE_NUMBER.findall(found.group(1))] if found else []
+    if kind == "output":
+        body = dict(OUTPUT.findall(text)).get(name, "")
+    else:
+        found = re.search(rf"<!-- (?:table: )?{re.escape(name)} -->\n(.*?)<!-- /(?:table|{re.escape(name)}) -->",
+                          text, re.S)
+        body = found.group(1) if found else ""
+    return [float(n.replace(",", "")) for n in CODE_NUMBER.findall(body)]
 
 
 def leaves(value) -> list:
