@@ -879,6 +879,44 @@ def test_lab05_solution_schedules_and_searches_as_the_step_script_does():
     assert "5e-4 to 6e-3" in lab_file("05").read_text() and "0.01 to 0.3" in lab_file("05").read_text()
 
 
+def lab05_decisions(*trials) -> list:
+    """ASHA's decisions on these trials' reports, each (metric at epoch 1, action there[, metric at epoch 2]), as the
+    solution's ASHA makes them: rung 1, its cutoff the median of the first epochs before, max_t the run's 2."""
+    from ray.tune.schedulers import TrialScheduler
+    from statistics import median
+
+    from labs.checks.tune import Decision
+    decisions, before = [], []
+    for i, (first, action, *second) in enumerate(trials):
+        decisions.append(Decision(f"trial {i}", 1, first, getattr(TrialScheduler, action), 1,
+                                  median(before) if before else None, 2))
+        decisions += [Decision(f"trial {i}", 2, metric, TrialScheduler.STOP, 2, None, 2) for metric in second]
+        before.append(first)
+    return decisions
+
+
+@pytest.mark.parametrize("trials, stops", [
+    ([(0.3, "CONTINUE", 0.5)], False),                                     # the first trial, kept to the end
+    ([(0.3, "CONTINUE", 0.5), (0.2, "STOP")], False),                      # below the median: stopped, rightly
+    ([(0.3, "CONTINUE", 0.5), (0.4, "STOP")], True),                       # above it, stopped: a minimising ASHA
+    ([(0.3, "CONTINUE", 0.5), (0.2, "CONTINUE", 0.4)], True),              # below it, kept
+])
+def test_lab05s_sweep_stops_once_its_ended_trials_fail_a_check_no_later_trial_can_pass(tmp_path, trials, stops):
+    """Lab 05's check judges the trials that have ended: a decision of ASHA's that its median misjudges stays
+    misjudged whatever the trials after it score, so the sweep stops there (a wrong answer's check takes 1 or 2 trials,
+    not 3); decisions that the median agrees with never stop a sweep (the solution's check runs all 3)."""
+    from labs.checks.tune import decided
+    from labs.harness import lab_args
+    assert decided(str(tmp_path), lab05_decisions(*trials), lab_args()) is stops
+
+
+def test_a_stopped_sweeps_checks_after_its_first_failure_say_they_were_not_run():
+    from labs.checks.tune import CHECKS, STOPPED, stopped_at_first_failure
+    from labs.outcome import Outcome
+    outcomes = [Outcome(check, None if i != 3 else "misjudged", "") for i, check in enumerate(CHECKS)]
+    assert [o.failure for o in stopped_at_first_failure(outcomes)] == [None, None, None, "misjudged", STOPPED, STOPPED]
+
+
 def sampled(domain) -> tuple:
     """A Tune distribution's range and sampler: (lower, upper, LogUniform, q) for qloguniform."""
     sampler = domain.get_sampler()

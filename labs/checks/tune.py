@@ -2,7 +2,9 @@
 each. In every process of Ray's job, load_data records the data a trial asks for and hands out synthetic images
 instead, each split's its own, and evaluate records the images it scores (labs.watch); in this process, where Tune's
 controller runs, the ASHA scheduler's every decision is recorded, with the rung it compared the trial at and the
-cutoff it drew there from the trials before it."""
+cutoff it drew there from the trials before it. As each trial ends, the trials so far are judged: where they already
+fail a check that no trial after them can pass, the sweep stops, and the checks after its first failure are not run
+(a wrong answer's check then takes one or two trials, not three)."""
 import statistics
 import tempfile
 from collections import Counter
@@ -41,7 +43,8 @@ def run(lab_file, address) -> list:
         not_run = "not run: no sweep over a SEARCH_SPACE that fails its check"
         return [space if check == SEARCHED else Outcome(check, not_run, "") for check in CHECKS]
     # A trial that reports nothing to Tune ends as done, not as an error: the check then says what Tune saw.
-    with tempfile.TemporaryDirectory() as storage, recording_decisions() as decisions:
+    with tempfile.TemporaryDirectory() as storage, \
+            recording_decisions(args.epochs, lambda decisions: decided(storage, decisions, args)) as decisions:
         # A CPU for each trial: a trial that Tune stops while its run is still on keeps its worker's CPU
         # reserved till the sweep ends (Ray 2.60 without the dashboard: 05-ray-tune/README.md, "What Ray does not
         # do for you"), and the last trial must still find one, whichever trials ASHA stopped, and when.
@@ -56,8 +59,31 @@ def run(lab_file, address) -> list:
         errors = [result.error for result in results if result.error]
         if errors:
             return crashed(CHECKS, f"{len(errors)} trial(s) failed: {ray_error(errors[0])}")
-        return [validation(watch.read(storage), args), searched([result.config for result in results]),
-                seen(results), compared(decisions), trained(decisions, args.epochs), best(grid, results)]
+        outcomes = [validation(watch.read(storage), args), searched([result.config for result in results]),
+                    seen(results), compared(decisions), trained(decisions, args.epochs), best(grid, results)]
+        return outcomes if not decisions.stopped else stopped_at_first_failure(outcomes)
+
+
+STOPPED = "not run: the sweep stopped at the failure above"
+
+
+def decided(storage: str, decisions: list, args) -> bool:
+    """Whether the trials that have ended fail a check that no trial after them can pass: images scored or data asked
+    for that are not the validation split's, a first epoch that ASHA misjudged or did not compare at, another max_t."""
+    try:
+        calls = watch.read(storage)
+    except ValueError:  # a record still being written: judged at the next trial's end
+        calls = []
+    scored = any(call["function"] == "evaluate" for call in calls)
+    outcomes = [validation(calls, args) if scored else None, compared(decisions),
+                trained(decisions, args.epochs) if decisions[0].max_t != args.epochs else None]
+    return any(outcome and not outcome.passed for outcome in outcomes)
+
+
+def stopped_at_first_failure(outcomes: list) -> list:
+    """A sweep stopped early leaves the checks after its first failure to the trials it did not run."""
+    first = next(i for i, outcome in enumerate(outcomes) if not outcome.passed)
+    return [*outcomes[:first + 1], *(Outcome(check, STOPPED, "") for check in CHECKS[first + 1:])]
 
 
 @dataclass
@@ -73,18 +99,31 @@ class Decision:
     max_t: float
 
 
+class Decisions(list):
+    """ASHA's decisions, and whether the sweep was stopped before its trials ended."""
+    stopped = False
+
+
 class recording_decisions:
     """ASHA's decisions while the sweep runs: its on_trial_result replaced in its class, so whichever ASHA the lab
-    makes records them."""
+    makes records them. As a trial ends (stopped, or at the run's last epoch), the experiment is stopped if
+    failed(the decisions so far)."""
 
-    def __enter__(self) -> list[Decision]:
-        decisions, self.decide = [], AsyncHyperBandScheduler.on_trial_result
+    def __init__(self, epochs: int, failed):
+        self.epochs, self.failed = epochs, failed
+
+    def __enter__(self) -> Decisions:
+        decisions, self.decide = Decisions(), AsyncHyperBandScheduler.on_trial_result
 
         def recorded(scheduler, tune_controller, trial, result):
             bracket = scheduler._trial_info[trial.trial_id]
             before = {milestone: dict(rung) for milestone, rung in bracket._rungs}
             action = self.decide(scheduler, tune_controller, trial, result)
             decisions.append(decision(scheduler, bracket, before, trial.trial_id, result, action))
+            ended = action == TrialScheduler.STOP or decisions[-1].epoch == self.epochs
+            if ended and not decisions.stopped and self.failed(decisions):
+                decisions.stopped = True
+                tune_controller.request_stop_experiment()
             return action
 
         AsyncHyperBandScheduler.on_trial_result = recorded
