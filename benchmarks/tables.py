@@ -40,6 +40,7 @@ TENSOR_PARALLEL = PUBLISHED / "tensor-parallel" / "results.json"
 SUITE_BEFORE = ROOT / "tests" / "history" / "account" / "before.json"
 SUITE_DURATIONS = ROOT / "tests" / "durations.json"
 SUITE_TIERS = ROOT / "tests" / "history" / "account" / "tiers.json"
+SUITE_TIERS_EARLIER = ROOT / "tests" / "history" / "account" / "tiers-00e212f.json"
 SUITE_TIERS_FIRST = ROOT / "tests" / "history" / "account" / "tiers-1f45e07.json"
 DOCUMENTS = ["README.md", "0*/README.md", "benchmarks/README.md", "benchmarks/published/*/README.md",
              "slides/workshop.md", "slides/README.md", "TROUBLESHOOTING.md", "labs/README.md", "tests/README.md",
@@ -935,7 +936,8 @@ TABLES = {
     "suite-durations": (SUITE_DURATIONS, account_tables),
     "suite-tiers-account": (SUITE_TIERS, account_tables),
     "suite-tiers-sessions": (SUITE_TIERS, measured_sessions),
-    "suite-tiers": (SUITE_TIERS, lambda results: tiers_line(results, json.loads(SUITE_TIERS_FIRST.read_text()))),
+    "suite-tiers": (SUITE_TIERS, lambda results: tiers_line(results, json.loads(SUITE_TIERS_EARLIER.read_text()))),
+    "suite-tiers-earlier-account": (SUITE_TIERS_EARLIER, account_tables),
     "suite-tiers-first-account": (SUITE_TIERS_FIRST, account_tables),
     **{f"lab-times-{step}": (LAB_TIMES, lambda results, labs=labs: lab_times(results, labs)) for step, labs in [
         ("01", ("01", "hang-rank0", "hang-uneven", "hang-shape")), ("02", ("02", "02-hang")),
