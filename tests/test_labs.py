@@ -400,7 +400,7 @@ WRONG_ANSWERS = {
         WrongAnswer("no callback to Tune", [
             (",\n                             # Every ray.train.report also reaches Tune (and ASHA):\n"
              "                             callbacks=[TuneReportCallback()]", "")],
-                    3, "Tune saw no result of any of the 3 trials", "through a callback of the run"),
+                    3, "Tune saw no result of any trial", "through a callback of the run"),
         WrongAnswer("no rung before the last epoch", [("grace_period=1", "grace_period=2")],
                     4, "ASHA compared the trials after epoch(s) 2 only, not after their first epoch",
                     "compares a trial with the others at its rungs"),
@@ -920,6 +920,21 @@ def test_lab05s_sweep_stops_once_its_ended_trials_fail_a_check_no_later_trial_ca
     from labs.harness import lab_args
     assert decided(str(tmp_path), lab05_decisions(*trials), lab_args()) is stops
 
+
+def test_lab05s_sweep_stops_when_its_first_trial_ends_with_no_decision_of_ashas():
+    """A trial that ends with no ASHA decision (Tune saw none of its reports, or handed them to no ASHA: Tune's
+    default FIFOScheduler's on_trial_complete tells) stops the sweep: the trials after it report through the same
+    callbacks to the same scheduler. The schedulers are themselves again once the check is done."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import FIFOScheduler
+
+    from labs.checks.tune import recording_decisions
+    complete, stops = FIFOScheduler.on_trial_complete, []
+    controller = SimpleNamespace(request_stop_experiment=lambda: stops.append("stopped"))
+    with recording_decisions(2, lambda decisions: False) as decisions:
+        FIFOScheduler().on_trial_complete(controller, SimpleNamespace(trial_id="run_trial_00000"), {})
+    assert stops == ["stopped"] and decisions.stopped and FIFOScheduler.on_trial_complete is complete
 
 def test_a_stopped_sweeps_checks_after_its_first_failure_say_they_were_not_run():
     from labs.checks.tune import CHECKS, STOPPED, stopped_at_first_failure

@@ -3,14 +3,14 @@ each. In every process of Ray's job, load_data records the data a trial asks for
 instead, each split's its own, and evaluate records the images it scores (labs.watch); in this process, where Tune's
 controller runs, the ASHA scheduler's every decision is recorded, with the rung it compared the trial at and the
 cutoff it drew there from the trials before it. As each trial ends, the trials so far are judged: where they already
-fail a check that no trial after them can pass, the sweep stops, and the checks after its first failure are not run
-(a wrong answer's check then takes one or two trials, not three)."""
+fail a check that no trial after them can pass, or the first ended with no decision of ASHA's, the sweep stops, and
+the checks after its first failure are not run (a wrong answer's check then takes one or two trials, not three)."""
 import statistics
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
-from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search.sample import Domain, LogUniform
 
 from common.data import load_data
@@ -107,7 +107,9 @@ class Decisions(list):
 class recording_decisions:
     """ASHA's decisions while the sweep runs: its on_trial_result replaced in its class, so whichever ASHA the lab
     makes records them. As a trial ends (stopped, or at the run's last epoch), the experiment is stopped if
-    failed(the decisions so far)."""
+    failed(the decisions so far); and as the first trial ends with no decision of ASHA's (Tune saw none of its
+    reports, or handed them to no ASHA; told by the on_trial_complete of Tune's default FIFOScheduler and of ASHA,
+    replaced too): the trials after it report through the same callbacks to the same scheduler."""
 
     def __init__(self, epochs: int, failed):
         self.epochs, self.failed = epochs, failed
@@ -126,11 +128,28 @@ class recording_decisions:
                 tune_controller.request_stop_experiment()
             return action
 
+        def completed(complete):
+            def undecided_stops(scheduler, tune_controller, trial, result):
+                complete(scheduler, tune_controller, trial, result)
+                if not decisions and not decisions.stopped:  # compared() then fails: no ASHA saw a result
+                    decisions.stopped = True
+                    tune_controller.request_stop_experiment()
+            return undecided_stops
+
+        self.completes = {scheduler: scheduler.on_trial_complete for scheduler in COMPLETED}
+        for scheduler, complete in self.completes.items():
+            scheduler.on_trial_complete = completed(complete)
         AsyncHyperBandScheduler.on_trial_result = recorded
         return decisions
 
     def __exit__(self, *exception):
         AsyncHyperBandScheduler.on_trial_result = self.decide
+        for scheduler, complete in self.completes.items():
+            scheduler.on_trial_complete = complete
+
+
+# The schedulers whose on_trial_complete tells a trial that ended with no ASHA decision: Tune's default, and ASHA
+COMPLETED = (FIFOScheduler, AsyncHyperBandScheduler)
 
 
 def decision(scheduler, bracket, before: dict, trial_id: str, result: dict, action: str) -> Decision:
@@ -213,7 +232,7 @@ def seen(results: list):
     last = [(result.metrics or {}).get("epoch", 0) for result in results]
     failure = None
     if not any(last):
-        failure = f"Tune saw no result of any of the {len(results)} trials"
+        failure = "Tune saw no result of any trial"
     return Outcome(SEEN, failure, "Tune sees a Ray Train run's reports only through a callback of the run")
 
 
@@ -326,6 +345,8 @@ def best(grid, results: list):
         return Outcome(BEST, f"Tuner.fit()'s results name no best: {str(error).split('. ')[0]}", BEST_HINT)
     scores = {trial_name(result.metrics["trial_id"]): result.metrics[METRIC] for result in results
               if METRIC in (result.metrics or {})}
+    if chosen not in scores:  # a trial Tune saw no result of (a sweep stopped early may return one)
+        return Outcome(BEST, f"Tuner.fit() returns {chosen} as the best, which reported no {METRIC}", BEST_HINT)
     top = max(scores, key=scores.get)
     failure = None
     if chosen != top:
