@@ -936,6 +936,7 @@ def test_lab05s_sweep_stops_when_its_first_trial_ends_with_no_decision_of_ashas(
         FIFOScheduler().on_trial_complete(controller, SimpleNamespace(trial_id="run_trial_00000"), {})
     assert stops == ["stopped"] and decisions.stopped and FIFOScheduler.on_trial_complete is complete
 
+
 def test_a_stopped_sweeps_checks_after_its_first_failure_say_they_were_not_run():
     from labs.checks.tune import CHECKS, STOPPED, stopped_at_first_failure
     from labs.outcome import Outcome

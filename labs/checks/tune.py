@@ -103,6 +103,12 @@ class Decisions(list):
     """ASHA's decisions, and whether the sweep was stopped before its trials ended."""
     stopped = False
 
+    def stop(self, tune_controller) -> None:
+        """Stops the sweep, once: Tune stops its trials and starts no other."""
+        if not self.stopped:
+            self.stopped = True
+            tune_controller.request_stop_experiment()
+
 
 class recording_decisions:
     """ASHA's decisions while the sweep runs: its on_trial_result replaced in its class, so whichever ASHA the lab
@@ -124,16 +130,14 @@ class recording_decisions:
             decisions.append(decision(scheduler, bracket, before, trial.trial_id, result, action))
             ended = action == TrialScheduler.STOP or decisions[-1].epoch == self.epochs
             if ended and not decisions.stopped and self.failed(decisions):
-                decisions.stopped = True
-                tune_controller.request_stop_experiment()
+                decisions.stop(tune_controller)
             return action
 
         def completed(complete):
             def undecided_stops(scheduler, tune_controller, trial, result):
                 complete(scheduler, tune_controller, trial, result)
-                if not decisions and not decisions.stopped:  # compared() then fails: no ASHA saw a result
-                    decisions.stopped = True
-                    tune_controller.request_stop_experiment()
+                if not decisions:  # compared() then fails: no ASHA saw a result
+                    decisions.stop(tune_controller)
             return undecided_stops
 
         self.completes = {scheduler: scheduler.on_trial_complete for scheduler in COMPLETED}

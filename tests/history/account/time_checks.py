@@ -17,11 +17,11 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 import test_labs  # noqa: E402
 from benchmarks.record import describe_machine  # noqa: E402
 from labs.check import LABS  # noqa: E402
+from sampler import HZ, machine_busy  # noqa: E402 (this folder's: the account's reading of /proc/stat)
 
 
 def busy_core_seconds() -> float:
-    ticks = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / 100  # all but idle and iowait, at 100 ticks a second
+    return machine_busy() / HZ
 
 
 def timed(lab: str, wrong, folder: Path) -> dict:
