@@ -147,8 +147,9 @@ def run_check(lab: str, file, address: str | None, run=processes.run) -> subproc
 # sweep) beside other work on the machine (load 4 to 14). Two right answers (RIGHT_ANSWERS) added a sweep of lab 05
 # (57 s alone) and a check of lab 06 (12 s) on an Intel Xeon, 2026-12-04; lab 05's was dropped since. 1499 s in the
 # full suite at 4999274 (AMD EPYC Zen 4, 2026-12-04), before lab 05's right answer came back, a sweep on a Ray of its
-# own (RIGHT_ANSWERS says why). Lab 05's check stops a sweep at a failure no later trial can pass since 5e09a3f: its
-# 10 sweeping wrong answers took 473 s alone, not 664 (AMD EPYC Zen 4, tests/history/account/lab05-cut/).
+# own (RIGHT_ANSWERS says why). Lab 05's check stops a sweep at a failure no later trial can pass since 5e09a3f, and
+# at a first trial with no decision of ASHA's since 8536c38: its 10 sweeping wrong answers took 664 s alone, then 473,
+# then 446 (AMD EPYC Zen 4, tests/history/account/lab05-cut/).
 @takes(300)
 def early_lab_checks(folder, lane) -> dict:
     """The checks of EARLY_LABS on their untouched files and their solutions (early_checks)."""
@@ -776,7 +777,8 @@ def other_kernels(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def kernels_server(other_kernels) -> processes.Preloaded:
     """python -m labs.check with OTHER_KERNELS, forked from a server that imported torch with them (it starts at its
-    first run, in that run's environment: hold_kernels'), not a new interpreter per check: 4 to 5 s of CPU less each."""
+    first run, in that run's environment: hold_kernels'), not a new interpreter per check (the 10 tests: 292 busy
+    core-s, then 210, tests/history/account/README.md's "Cuts")."""
     server = check_server(WITHIN_TOLERANCE)
     yield server
     server.close()
